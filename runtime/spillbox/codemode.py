@@ -1,0 +1,130 @@
+"""Code mode: the model's scripts run in the task's sandbox; only their output returns, gated.
+
+    result = task.exec("sql", 'SELECT state, count(*) FROM "c1" GROUP BY state')
+    print(result.text)       # what the model sees; an oversized print becomes an artifact
+
+Every artifact of a JSON, NDJSON or CSV shape is a table named after its id in SQL; jq
+takes a filter and the artifact to run it over; python has duckdb, pyarrow and jq; sh
+has jq and the usual tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
+
+from spillbox.errors import ExecError
+from spillbox.gate import ToolResult
+from spillbox.notice import Hint
+
+if TYPE_CHECKING:
+    from spillbox.harness import Admitted, Artifact, Task
+
+Lang = Literal["sql", "jq", "python", "sh"]
+LANGS: tuple[str, ...] = get_args(Lang)
+DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 3600.0
+STDERR_HEAD_CHARS = 2_000
+STDERR_TAIL_CHARS = 2_000
+
+TABLE_SHAPES = ("json_array", "json_object", "ndjson", "csv")
+"""Shapes that the SQL engine loads as a table named after the artifact."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a script did, as the model sees it."""
+
+    exit_code: int
+    text: str
+    """The script's stdout after the gate: inline, or the notice of a new artifact."""
+    stderr: str
+    """The script's stderr, bounded: its head and its tail (where errors usually are)."""
+    offloaded: bool
+    artifact: Artifact | None
+    timed_out: bool
+    oom_killed: bool
+
+    @property
+    def path(self) -> str | None:
+        return self.artifact.path if self.artifact else None
+
+
+def run(
+    task: Task, lang: str, code: str, timeout: float, artifact: str | None = None
+) -> ExecResult:
+    """Run a script in the task's sandbox and gate what it printed."""
+    if lang not in LANGS:
+        raise ExecError(f"unknown language {lang!r}: use one of {', '.join(LANGS)}")
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise ExecError(f"timeout must be between 0 and {MAX_TIMEOUT:.0f} seconds, got {timeout}")
+    if lang == "jq":
+        code = jq_command(task, code, artifact)
+        lang = "sh"
+    raw = task.harness.backend.exec(task.storage, lang, code, timeout)
+    admitted: Admitted = task.admit(
+        [ToolResult(call_id=f"exec-{lang}", tool=f"sandbox_exec.{lang}", content=raw.stdout)]
+    )[0]
+    return ExecResult(
+        exit_code=raw.exit_code,
+        text=admitted.text,
+        stderr=bound_stderr(raw.stderr.decode("utf-8", "replace")),
+        offloaded=admitted.offloaded,
+        artifact=admitted.artifact,
+        timed_out=raw.timed_out,
+        oom_killed=raw.oom_killed,
+    )
+
+
+def jq_command(task: Task, jq_filter: str, artifact: str | None) -> str:
+    """The sh command that runs a jq filter over one artifact of the task."""
+    names = task.artifacts()
+    if artifact is None:
+        raise ExecError("jq needs an artifact to run over: pass artifact=ID (or --artifact ID)")
+    wanted = artifact.rsplit("/", 1)[-1]
+    matches = [n for n in names if n == wanted or n.rsplit(".", 1)[0] == wanted]
+    if not matches:
+        raise ExecError(f"task {task.id!r} has no artifact {artifact!r}: see task.artifacts()")
+    return f"jq -- {shell_quote(jq_filter)} /sandbox/offload/{matches[0]}"
+
+
+def shell_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def bound_stderr(stderr: str) -> str:
+    """Keep the head and the tail of stderr: a traceback's last line is the one that matters."""
+    if len(stderr) <= STDERR_HEAD_CHARS + STDERR_TAIL_CHARS:
+        return stderr
+    dropped = len(stderr) - STDERR_HEAD_CHARS - STDERR_TAIL_CHARS
+    return (
+        f"{stderr[:STDERR_HEAD_CHARS]}\n[spillbox: {dropped} characters of stderr omitted]\n"
+        f"{stderr[-STDERR_TAIL_CHARS:]}"
+    )
+
+
+def table_name(artifact_id: str) -> str:
+    """The SQL identifier of an artifact's table, quoted."""
+    return '"' + artifact_id.replace('"', '""') + '"'
+
+
+def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
+    """One or two ready-to-run inspections of an artifact, in languages the sandbox has."""
+    found: list[Hint] = []
+    shape = artifact.shape
+    if "sql" in languages and shape.kind in TABLE_SHAPES:
+        table = table_name(artifact.id)
+        if shape.kind == "json_object":
+            found.append(Hint("sql", f"DESCRIBE {table}"))
+        else:
+            plain = [k for k in shape.keys if k.isprintable() and len(k) <= 40][:3]
+            columns = ", ".join(table_name(k) for k in plain) or "*"
+            found.append(Hint("sql", f"SELECT count(*) AS n FROM {table}"))
+            found.append(Hint("sql", f"SELECT {columns} FROM {table} LIMIT 5"))
+    elif "sh" in languages and shape.kind in ("text", "json_scalar"):
+        found.append(Hint("sh", f"grep -n -i -m 20 error {artifact.path}"))
+        found.append(Hint("sh", f"tail -n 20 {artifact.path}"))
+    elif "sh" in languages and shape.kind == "binary":
+        found.append(Hint("sh", f"od -A d -t x1 {artifact.path} | head -n 8"))
+    return found

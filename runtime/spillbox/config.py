@@ -1,0 +1,91 @@
+"""Configuration: frozen dataclasses, named defaults, and the one place the environment is read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+import platformdirs
+
+from spillbox.errors import ConfigError
+from spillbox.tokens import DEFAULT_ENCODING
+
+DEFAULT_PER_CALL_TOKENS = 6_000
+DEFAULT_AGGREGATE_TOKENS = 10_000
+DEFAULT_NOTICE_MAX_TOKENS = 400
+DEFAULT_PREVIEW_CHARS = 100
+
+SandboxKind = Literal["none", "docker"]
+DEFAULT_SANDBOX: SandboxKind = "docker"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the gate decides what stays in context.
+
+    >>> Policy(per_call_tokens=2_000).aggregate_tokens
+    10000
+    """
+
+    per_call_tokens: int = DEFAULT_PER_CALL_TOKENS
+    """A single result estimated above this many tokens is offloaded."""
+    aggregate_tokens: int = DEFAULT_AGGREGATE_TOKENS
+    """The results of one step together put at most this many tokens into context."""
+    notice_max_tokens: int = DEFAULT_NOTICE_MAX_TOKENS
+    """A notice never exceeds this many tokens, whatever the payload."""
+    preview_chars: int = DEFAULT_PREVIEW_CHARS
+    """The notice previews this many characters of the payload's head and of its tail."""
+    encoding: str = DEFAULT_ENCODING
+    """The tiktoken encoding that counts tokens (ignored when a custom counter is given)."""
+
+    def __post_init__(self) -> None:
+        for name in ("per_call_tokens", "aggregate_tokens", "notice_max_tokens", "preview_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where spillbox keeps its files, which sandbox it uses, and the gate's policy."""
+
+    home: Path = field(default_factory=lambda: Path(platformdirs.user_data_dir("spillbox")))
+    """Root of all task storage (SPILLBOX_HOME)."""
+    sandbox: SandboxKind = DEFAULT_SANDBOX
+    """"docker" (a hardened container per task) or "none" (store only, no code mode)."""
+    policy: Policy = field(default_factory=Policy)
+
+    def __post_init__(self) -> None:
+        if self.sandbox not in get_args(SandboxKind):
+            raise ConfigError(
+                f"unknown sandbox {self.sandbox!r}: use one of {', '.join(get_args(SandboxKind))}"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from SPILLBOX_* variables; the only place spillbox reads the environment."""
+        env = os.environ if environ is None else environ
+        settings = cls()
+        if env.get("SPILLBOX_HOME"):
+            settings = replace(settings, home=Path(env["SPILLBOX_HOME"]).expanduser())
+        if env.get("SPILLBOX_SANDBOX"):
+            settings = replace(settings, sandbox=env["SPILLBOX_SANDBOX"])  # type: ignore[arg-type]
+        policy = Policy(
+            per_call_tokens=_int(env, "SPILLBOX_PER_CALL_TOKENS", DEFAULT_PER_CALL_TOKENS),
+            aggregate_tokens=_int(env, "SPILLBOX_AGGREGATE_TOKENS", DEFAULT_AGGREGATE_TOKENS),
+            encoding=env.get("SPILLBOX_ENCODING") or DEFAULT_ENCODING,
+        )
+        return replace(settings, policy=policy)
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None

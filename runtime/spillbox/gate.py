@@ -1,0 +1,129 @@
+"""The gate: which results of one step stay in context and which are offloaded.
+
+Rules, in order:
+1. A result that is not UTF-8 text is offloaded ("binary").
+2. A result over the per-call threshold is offloaded ("per_call"); deciding this costs
+   time bounded by the threshold (tokens.count_within), never a full count.
+3. If the step's inline total (notices included) is over the aggregate threshold, the
+   largest inline result is offloaded ("aggregate"), then the next largest, until it
+   fits. Error results go only after every non-error result; ties go by call order,
+   so the same step always gives the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from spillbox.config import Policy
+from spillbox.tokens import TokenCount, TokenCounter, count_within, total
+
+Reason = Literal["per_call", "aggregate", "binary"]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One tool call's result, as the tool returned it.
+
+    >>> ToolResult(call_id="c1", tool="list_prs", content='[{"id": 1}]').is_error
+    False
+    """
+
+    call_id: str
+    tool: str
+    content: str | bytes
+    is_error: bool = False
+
+    def payload(self) -> tuple[bytes, str | None]:
+        """The bytes to store, and the text they are (None if not valid UTF-8).
+
+        A str is stored as its UTF-8 encoding; one with lone surrogates (not encodable)
+        keeps them via surrogatepass and is then handled as the non-UTF-8 bytes it is.
+        """
+        if isinstance(self.content, bytes):
+            try:
+                return self.content, self.content.decode("utf-8")
+            except UnicodeDecodeError:
+                return self.content, None
+        try:
+            return self.content.encode("utf-8"), self.content
+        except UnicodeEncodeError:
+            return self.content.encode("utf-8", "surrogatepass"), None
+
+
+@dataclass(frozen=True)
+class Offload:
+    """What the gate asks the task to do with one result: store it and return a notice."""
+
+    result: ToolResult
+    data: bytes
+    text: str | None
+    reason: Reason
+    tokens: TokenCount | None
+
+
+OffloadFn = Callable[[Offload], tuple[object, str]]
+"""Stores one result; returns (artifact, notice text)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's decision for one result, in the order the results were given."""
+
+    result: ToolResult
+    text: str
+    """What goes into context: the content itself, or the notice."""
+    inline_tokens: int
+    """Tokens of text."""
+    tokens: TokenCount | None
+    """Tokens of the whole result (None for binary)."""
+    reason: Reason | None
+    artifact: object | None
+
+
+def admit(
+    results: Sequence[ToolResult],
+    policy: Policy,
+    counter: TokenCounter,
+    offload: OffloadFn,
+) -> list[Decision]:
+    """Gate one step's results; offload(...) stores what does not stay inline."""
+    decisions: list[Decision | None] = [None] * len(results)
+    inline: dict[int, tuple[str, int]] = {}
+    payloads = [r.payload() for r in results]
+
+    def store(i: int, reason: Reason, tokens: TokenCount | None) -> None:
+        data, text = payloads[i]
+        artifact, notice = offload(Offload(results[i], data, text, reason, tokens))
+        decisions[i] = Decision(
+            results[i], notice, counter.count(notice), tokens, reason, artifact
+        )
+
+    for i, (_, text) in enumerate(payloads):
+        if text is None:
+            store(i, "binary", None)
+            continue
+        exact = count_within(counter, text, policy.per_call_tokens)
+        if exact is None:
+            store(i, "per_call", total(counter, text))
+        else:
+            inline[i] = (text, exact)
+
+    def inline_total() -> int:
+        offloaded = sum(d.inline_tokens for d in decisions if d is not None)
+        return offloaded + sum(tokens for _, tokens in inline.values())
+
+    # Largest first, non-errors before errors, ties by call order.
+    order = sorted(inline, key=lambda i: (results[i].is_error, -inline[i][1], i))
+    for i in order:
+        if inline_total() <= policy.aggregate_tokens:
+            break
+        _, exact = inline.pop(i)
+        store(i, "aggregate", TokenCount(exact, exact=True))
+
+    for i, (text, exact) in inline.items():
+        decisions[i] = Decision(
+            results[i], text, exact, TokenCount(exact, exact=True), None, None
+        )
+    return [d for d in decisions if d is not None]

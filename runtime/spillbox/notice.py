@@ -1,0 +1,193 @@
+"""The notice: what the model reads in place of an offloaded result.
+
+One stable, line-oriented format everywhere, so the model learns it and code can parse
+it back (parse_notice). Values that could hold anything (previews, keys) are JSON-quoted,
+so no payload can break a line or forge a field. Example:
+
+    [spillbox offloaded v1]
+    reason: per_call (over the 6000-token per-call limit)
+    tool: list_prs
+    call_id: c1
+    path: /sandbox/offload/c1.json
+    bytes: 1933450
+    tokens: ~482130 (estimated)
+    sha256: 3b1f...
+    shape: JSON array of 500 objects
+    keys: ["id", "title", "body", "state"]
+    head: "[{\\"id\\": 1, \\"title\\": \\"Fix the ..."
+    tail: "...\\"state\\": \\"open\\"}]"
+    hint: sql: SELECT count(*) FROM "c1"
+    [/spillbox]
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spillbox.profile import Shape
+from spillbox.tokens import TokenCount, TokenCounter
+
+NOTICE_VERSION = 1
+OPEN = f"[spillbox offloaded v{NOTICE_VERSION}]"
+CLOSE = "[/spillbox]"
+
+MAX_KEYS = 40
+MAX_KEY_CHARS = 40
+BINARY_HEAD_BYTES = 16
+
+_REASONS = {
+    "per_call": "over the {per_call}-token per-call limit",
+    "aggregate": "this step's results were over the {aggregate}-token limit; largest offloaded first",
+    "binary": "not UTF-8 text",
+}
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A ready-to-run inspection: the language of code mode and the code, one line."""
+
+    lang: str
+    code: str
+
+
+@dataclass(frozen=True)
+class NoticeFacts:
+    """Everything a notice states about one offloaded result."""
+
+    reason: str
+    tool: str
+    call_id: str
+    path: str
+    bytes: int
+    tokens: TokenCount | None
+    sha256: str
+    shape: Shape
+    start: str
+    """The payload's first characters (at least twice the preview length), or "" if binary."""
+    end: str
+    """The payload's last characters, as many."""
+    length: int
+    """The payload's length in characters (0 if binary)."""
+    binary_head: bytes = b""
+    hints: Sequence[Hint] = ()
+    per_call_limit: int = 0
+    aggregate_limit: int = 0
+
+
+def render(facts: NoticeFacts, counter: TokenCounter, max_tokens: int, preview_chars: int) -> str:
+    """The notice text, shrunk (fewer keys, shorter previews) until it fits max_tokens."""
+    keys_shown, chars = MAX_KEYS, preview_chars
+    while True:
+        text = _render(facts, keys_shown, chars)
+        if counter.count(text) <= max_tokens or (keys_shown == 0 and chars == 0):
+            return text
+        if keys_shown > 5:
+            keys_shown //= 2
+        elif chars > 10:
+            chars //= 2
+        else:
+            keys_shown, chars = 0, 0
+
+
+def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int) -> str:
+    reason = _REASONS[facts.reason].format(
+        per_call=facts.per_call_limit, aggregate=facts.aggregate_limit
+    )
+    lines = [
+        OPEN,
+        f"reason: {facts.reason} ({reason})",
+        f"tool: {_one_line(facts.tool)}",
+        f"call_id: {_one_line(facts.call_id)}",
+        f"path: {facts.path}",
+        f"bytes: {facts.bytes}",
+        f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
+        f"sha256: {facts.sha256}",
+        f"shape: {describe(facts.shape)}",
+    ]
+    if facts.shape.keys and keys_shown:
+        shown = [k[:MAX_KEY_CHARS] for k in facts.shape.keys[:keys_shown]]
+        more = len(facts.shape.keys) - len(shown)
+        label = "columns" if facts.shape.kind == "csv" else "keys"
+        suffix = f" (+{more} more)" if more else ""
+        lines.append(f"{label}: {json.dumps(shown, ensure_ascii=False)}{suffix}")
+    if facts.shape.kind == "binary":
+        lines.append(f"head_hex: {facts.binary_head[:BINARY_HEAD_BYTES].hex()}")
+    elif preview_chars:
+        if facts.length <= 2 * preview_chars:
+            head, tail = facts.start, ""
+        else:
+            head, tail = cut_head(facts.start, preview_chars), cut_tail(facts.end, preview_chars)
+        lines.append(f"head: {json.dumps(head, ensure_ascii=False)}")
+        if tail:
+            lines.append(f"tail: {json.dumps(tail, ensure_ascii=False)}")
+    lines.extend(f"hint: {hint.lang}: {hint.code}" for hint in facts.hints)
+    lines.append(CLOSE)
+    return "\n".join(lines)
+
+
+def describe(shape: Shape) -> str:
+    """One line: what the payload is, e.g. "JSON array of 500 objects"."""
+    count = "" if shape.count is None else f"{'' if shape.count_exact else 'about '}{shape.count:,}"
+    match shape.kind:
+        case "json_array":
+            what = shape.element or "elements"
+            if shape.count is None:
+                return f"JSON array of {what} (count unknown)"
+            return f"JSON array of {count} {what}"
+        case "json_object":
+            return f"JSON object with {len(shape.keys)}{'' if shape.count_exact else '+'} keys"
+        case "json_scalar":
+            return "JSON scalar"
+        case "ndjson":
+            return f"NDJSON, {count} records"
+        case "csv":
+            return f"CSV, {count} rows, {len(shape.keys)} columns"
+        case "text":
+            return f"text, {count} lines"
+        case "binary":
+            return f"binary ({shape.mime or 'unknown type'})"
+
+
+def cut_head(text: str, chars: int) -> str:
+    """At most `chars` characters from the start, never splitting a combining sequence."""
+    end = min(chars, len(text))
+    while 0 < end < len(text) and _joins_previous(text[end]):
+        end -= 1
+    return text[:end]
+
+
+def cut_tail(text: str, chars: int) -> str:
+    """At most `chars` characters from the end, never starting inside a combining sequence."""
+    start = max(len(text) - chars, 0)
+    while 0 < start < len(text) and _joins_previous(text[start]):
+        start += 1
+    return text[start:]
+
+
+def _joins_previous(ch: str) -> bool:
+    # Combining marks, zero-width joiners and variation selectors belong to the
+    # character before them; a cut there would show a broken glyph.
+    return bool(unicodedata.combining(ch)) or ch in "\u200d\ufe0f\ufe0e"
+
+
+def _one_line(value: str) -> str:
+    return value if value.isprintable() else json.dumps(value, ensure_ascii=False)
+
+
+def parse_notice(text: str) -> dict[str, str] | None:
+    """The fields of a notice (hints as "hint" lines joined by newlines), or None if none.
+
+    >>> parse_notice(OPEN + "\\nbytes: 5\\n" + CLOSE)["bytes"]
+    '5'
+    """
+    lines = text.strip().splitlines()
+    if not lines or lines[0] != OPEN or lines[-1] != CLOSE:
+        return None
+    fields: dict[str, str] = {}
+    for line in lines[1:-1]:
+        key, _, value = line.partition(": ")
+        fields[key] = f"{fields[key]}\n{value}" if key in fields else value
+    return fields

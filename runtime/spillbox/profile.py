@@ -1,0 +1,195 @@
+"""What a payload is: JSON array or object, NDJSON, CSV, text lines, or binary.
+
+The profile feeds the notice and picks the file extension. It reads at most
+PROFILE_BUDGET_BYTES of a payload with a streaming parser, so a 40 MB result is
+described in milliseconds; counts beyond the budget are estimates and say so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ijson
+import puremagic
+
+PROFILE_BUDGET_BYTES = 256 * 1024
+"""How much of a payload the profiler parses; beyond it, counts are extrapolated."""
+
+_SNIFF_LINES = 20
+
+ShapeKind = Literal["json_array", "json_object", "json_scalar", "ndjson", "csv", "text", "binary"]
+
+EXTENSIONS: dict[ShapeKind, str] = {
+    "json_array": "json",
+    "json_object": "json",
+    "json_scalar": "json",
+    "ndjson": "ndjson",
+    "csv": "csv",
+    "text": "txt",
+    "binary": "bin",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape of one payload, as the notice states it."""
+
+    kind: ShapeKind
+    count: int | None = None
+    """Elements of a JSON array, NDJSON records, CSV rows or text lines; None if not known."""
+    count_exact: bool = True
+    element: str | None = None
+    """What the elements of an array are: "objects", "numbers", "mixed"..."""
+    keys: tuple[str, ...] = ()
+    """Object keys (of the object, or of the array's objects), or CSV columns, first seen first."""
+    nested: dict[str, str] = field(default_factory=dict)
+    """For a JSON object: a short type per key ("array", "object", "string"...)."""
+    mime: str | None = None
+    """For binary payloads: the sniffed type, if any."""
+
+    @property
+    def extension(self) -> str:
+        return EXTENSIONS[self.kind]
+
+
+def profile(data: bytes, text: str | None) -> Shape:
+    """Describe a payload; text is its UTF-8 decoding, or None if it is not valid UTF-8."""
+    if text is None:
+        return Shape(kind="binary", mime=_sniff_mime(data))
+    stripped = text.lstrip()
+    if stripped[:1] in ("[", "{"):
+        shape = _json_shape(data)
+        if shape is not None:
+            return shape
+        ndjson = _ndjson_shape(data, text)
+        if ndjson is not None:
+            return ndjson
+    elif stripped[:1] in ('"', "-") or stripped[:1].isdigit() or stripped[:4] in ("true", "null"):
+        try:
+            json.loads(text)
+            return Shape(kind="json_scalar")
+        except ValueError:
+            pass
+    return _csv_shape(data, text) or Shape(kind="text", count=_line_count(data))
+
+
+def _line_count(data: bytes) -> int:
+    if not data:
+        return 0
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+_KIND_NAMES = {
+    "start_map": "object",
+    "start_array": "array",
+    "string": "string",
+    "number": "number",
+    "boolean": "boolean",
+    "null": "null",
+}
+
+
+def _json_shape(data: bytes) -> Shape | None:
+    """Stream-parse up to the budget; None if the payload is not exactly one JSON value."""
+    stream = io.BytesIO(data)
+    top: str | None = None
+    finished = False
+    element_kinds: set[str] = set()
+    keys: dict[str, None] = {}
+    nested: dict[str, str] = {}
+    elements = 0
+    parsed_upto = 0
+    try:
+        for prefix, event, value in ijson.parse(stream, use_float=True):
+            if top is None:
+                top = event
+                if top not in ("start_array", "start_map"):
+                    return None
+            if prefix == "" and event in ("end_array", "end_map"):
+                finished = True  # keep going: trailing data (NDJSON) must raise
+            elif top == "start_array" and prefix == "item":
+                if event in ("end_map", "end_array") or event in _KIND_NAMES and event[:6] != "start_":
+                    elements += 1
+                    parsed_upto = stream.tell()
+                if event in _KIND_NAMES:
+                    element_kinds.add(_KIND_NAMES[event])
+                elif event == "map_key":
+                    keys.setdefault(str(value), None)
+            elif top == "start_map":
+                if prefix == "" and event == "map_key":
+                    keys.setdefault(str(value), None)
+                elif prefix in keys and prefix not in nested and event in _KIND_NAMES:
+                    nested[prefix] = _KIND_NAMES[event]
+            read = stream.tell()
+            if read > PROFILE_BUDGET_BYTES and (elements or top == "start_map" or read > 4 * PROFILE_BUDGET_BYTES):
+                break
+    except ijson.JSONError:
+        return None
+    if top == "start_array":
+        if finished:
+            count: int | None = elements
+        else:
+            count = round(elements * len(data) / parsed_upto) if elements else None
+        return Shape(
+            kind="json_array",
+            count=count,
+            count_exact=finished,
+            element=_element_name(element_kinds),
+            keys=tuple(keys),
+        )
+    if top == "start_map":
+        return Shape(kind="json_object", keys=tuple(keys), nested=nested, count_exact=finished)
+    return None
+
+
+def _element_name(kinds: set[str]) -> str | None:
+    if not kinds:
+        return None
+    if len(kinds) == 1:
+        return next(iter(kinds)) + "s"
+    return "mixed values"
+
+
+def _ndjson_shape(data: bytes, text: str) -> Shape | None:
+    """Newline-delimited JSON: every one of the first lines is one JSON value on its own."""
+    lines = [line for line in text[:PROFILE_BUDGET_BYTES].splitlines()[:_SNIFF_LINES] if line.strip()]
+    if len(lines) < 2 and len(text) > PROFILE_BUDGET_BYTES:
+        return None
+    keys: dict[str, None] = {}
+    for line in lines:
+        try:
+            value: Any = json.loads(line)
+        except ValueError:
+            return None
+        if isinstance(value, dict):
+            keys.update(dict.fromkeys(str(k) for k in value))
+    if len(lines) < 2:
+        return None
+    count = sum(1 for line in text.splitlines() if line.strip())
+    return Shape(kind="ndjson", count=count, keys=tuple(keys))
+
+
+def _csv_shape(data: bytes, text: str) -> Shape | None:
+    """CSV or TSV: the first lines split into the same number (two or more) of fields."""
+    head = text[:PROFILE_BUDGET_BYTES].splitlines()[:_SNIFF_LINES]
+    if len(head) < 2:
+        return None
+    first = head[0]
+    delimiter = "\t" if first.count("\t") >= max(first.count(","), 1) else ","
+    rows = list(csv.reader(head[:-1] if len(head) == _SNIFF_LINES else head, delimiter=delimiter))
+    widths = {len(row) for row in rows}
+    if len(widths) != 1 or widths.pop() < 2:
+        return None
+    return Shape(kind="csv", count=_line_count(data) - 1, keys=tuple(rows[0]))
+
+
+def _sniff_mime(data: bytes) -> str | None:
+    try:
+        matches = puremagic.magic_string(data[:4096])
+    except puremagic.PureError:
+        return None
+    return matches[0].mime_type or None if matches else None

@@ -1,0 +1,74 @@
+"""The sandbox seam: a small interface that every backend implements.
+
+A backend owns where a task's payloads live and where its scripts run. "none" only
+stores; "docker" also runs code mode in a hardened container per task. The backend is
+chosen in one place (spillbox.sandbox.make_backend).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from spillbox.sandbox.storage import StoredFile, TaskStorage, stored_task_ids
+
+
+@dataclass(frozen=True)
+class RawExec:
+    """What a script did, before the gate sees its output."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    oom_killed: bool
+    stdout_truncated: bool = False
+    """True if stdout was over the backend's output cap; the middle was dropped, not the tail."""
+
+
+class SandboxBackend(ABC):
+    """Where a task's payloads live and its scripts run.
+
+    >>> from spillbox.sandbox import make_backend
+    >>> backend = make_backend("none", Path("/tmp/spillbox-doc"))
+    >>> backend.kind
+    'none'
+    """
+
+    kind: str
+    languages: tuple[str, ...] = ()
+    """The code-mode languages this backend runs; empty if it only stores."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def storage(self, task_id: str) -> TaskStorage:
+        return TaskStorage(self.home, task_id)
+
+    @abstractmethod
+    def create(self, storage: TaskStorage) -> None:
+        """Make the task's sandbox ready (it may finish starting in the background)."""
+
+    def put(self, storage: TaskStorage, stem: str, extension: str, data: bytes) -> StoredFile:
+        """Store a payload; the host writes into the task's storage, never through the sandbox."""
+        return storage.write(stem, extension, data)
+
+    @abstractmethod
+    def visible_path(self, stored: StoredFile) -> str:
+        """The payload's path as the model (and its scripts) see it."""
+
+    @abstractmethod
+    def exec(self, storage: TaskStorage, lang: str, code: str, timeout: float) -> RawExec:
+        """Run a script in the task's sandbox."""
+
+    def read(self, storage: TaskStorage, name: str) -> bytes:
+        return storage.read(name)
+
+    @abstractmethod
+    def destroy(self, storage: TaskStorage) -> None:
+        """Remove the task's sandbox and all its storage."""
+
+    def list(self) -> list[str]:
+        """The ids of the tasks this backend holds anything for."""
+        return stored_task_ids(self.home)

@@ -1,0 +1,27 @@
+"""The store-only backend: payloads are kept on the host; there is no code mode."""
+
+from __future__ import annotations
+
+from spillbox.errors import ExecError
+from spillbox.sandbox.base import RawExec, SandboxBackend
+from spillbox.sandbox.storage import StoredFile, TaskStorage
+
+
+class NoneBackend(SandboxBackend):
+    """Stores payloads under the spillbox home; paths in notices are host paths."""
+
+    kind = "none"
+
+    def create(self, storage: TaskStorage) -> None:
+        storage.ensure()
+
+    def visible_path(self, stored: StoredFile) -> str:
+        return str(stored.host_path)
+
+    def exec(self, storage: TaskStorage, lang: str, code: str, timeout: float) -> RawExec:
+        raise ExecError(
+            "code mode needs a sandbox: this harness uses sandbox='none'; use sandbox='docker'"
+        )
+
+    def destroy(self, storage: TaskStorage) -> None:
+        storage.destroy()

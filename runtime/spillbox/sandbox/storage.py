@@ -1,0 +1,172 @@
+"""A task's storage on the host: payload files written atomically under safe names.
+
+Layout under the spillbox home:
+
+    tasks/<task>/offload/<artifact>.<ext>   payloads, byte for byte (read-only in the sandbox)
+    tasks/<task>/work/                      scratch for scripts (writable in the sandbox)
+    tasks/<task>/cache/                     derived copies (query engine tables)
+    tasks/<task>/.incoming/                 temp files; renamed into offload/ when complete
+
+Any id is safe: names are derived so that no id (long, with slashes, '..', unicode) can
+leave the task's folder or exceed a filename limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from spillbox.errors import StorageError
+
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_-]+")
+_NAME_DIGEST_CHARS = 12
+_NAME_PREFIX_CHARS = 40
+
+TASKS_DIR = "tasks"
+OFFLOAD_DIR = "offload"
+WORK_DIR = "work"
+CACHE_DIR = "cache"
+INCOMING_DIR = ".incoming"
+TASK_ID_FILE = "task-id"
+
+
+def safe_name(ident: str) -> str:
+    """A filename stem for any id: the id itself if already plain, else a cleaned prefix
+    plus a digest of the full id, so distinct ids keep distinct names.
+
+    >>> safe_name("call_1"), safe_name("../../etc/passwd")
+    ('call_1', 'etc_passwd-9a8a1bd3b5d8')
+    """
+    if _SAFE.fullmatch(ident):
+        return ident
+    digest = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()
+    prefix = _UNSAFE_RUN.sub("_", ident).strip("_-")[:_NAME_PREFIX_CHARS] or "id"
+    return f"{prefix}-{digest[:_NAME_DIGEST_CHARS]}"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A payload file now visible in the task's offload folder."""
+
+    name: str
+    """File name inside offload/, e.g. "c1.json"; its stem is the artifact id."""
+    host_path: Path
+    sha256: str
+    bytes: int
+
+
+class TaskStorage:
+    """The folders of one task under the spillbox home.
+
+    >>> storage = TaskStorage(Path("/tmp/spillbox-doc"), "t1")
+    >>> stored = storage.write("c1", "json", b"[1, 2]")
+    >>> stored.name, stored.bytes
+    ('c1.json', 6)
+    """
+
+    def __init__(self, home: Path, task_id: str) -> None:
+        self.task_id = task_id
+        self.root = home / TASKS_DIR / safe_name(task_id)
+        self.offload = self.root / OFFLOAD_DIR
+        self.work = self.root / WORK_DIR
+        self.cache = self.root / CACHE_DIR
+        self.incoming = self.root / INCOMING_DIR
+
+    def ensure(self) -> None:
+        """Create the task's folders; the original task id is kept beside them."""
+        try:
+            for folder in (self.offload, self.work, self.cache, self.incoming):
+                folder.mkdir(parents=True, exist_ok=True)
+            id_file = self.root / TASK_ID_FILE
+            if not id_file.exists():
+                id_file.write_text(self.task_id, encoding="utf-8")
+        except OSError as e:
+            raise StorageError(
+                f"cannot create task storage at {self.root}: {e.strerror}; "
+                "check --home / SPILLBOX_HOME points to a writable folder"
+            ) from e
+
+    def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
+        """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken.
+
+        The bytes go to a temp file first and are linked into place only when complete,
+        so a reader (or a crash) never sees half a payload, and an existing file is never
+        replaced.
+        """
+        self.ensure()
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.incoming, prefix="payload-")
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.chmod(tmp, 0o644)
+                name = self._link_unique(tmp, stem, extension)
+            finally:
+                os.unlink(tmp)
+        except OSError as e:
+            raise StorageError(
+                f"cannot store payload {stem!r} in {self.offload}: {e.strerror}; "
+                "free disk space or choose another --home"
+            ) from e
+        return StoredFile(name=name, host_path=self.offload / name, sha256=digest, bytes=len(data))
+
+    def _link_unique(self, tmp: str, stem: str, extension: str) -> str:
+        n = 1
+        while True:
+            name = f"{stem}.{extension}" if n == 1 else f"{stem}-{n}.{extension}"
+            try:
+                os.link(tmp, self.offload / name)
+                return name
+            except FileExistsError:
+                n += 1
+
+    def read(self, name: str) -> bytes:
+        """The bytes of offload/<name>; refuses names that are not plain files there."""
+        path = self.offload / name
+        if "/" in name or name.startswith(".") or not path.is_file() or path.is_symlink():
+            raise StorageError(f"no payload {name!r} in task {self.task_id!r}")
+        return path.read_bytes()
+
+    def find_identical(self, data: bytes) -> StoredFile | None:
+        """The stored payload with exactly these bytes, if any."""
+        size = len(data)
+        for name in self.names():
+            path = self.offload / name
+            if path.stat().st_size == size and path.read_bytes() == data:
+                return StoredFile(name, path, hashlib.sha256(data).hexdigest(), size)
+        return None
+
+    def names(self) -> list[str]:
+        """The payload files of the task, oldest first."""
+        if not self.offload.is_dir():
+            return []
+        files = [p for p in self.offload.iterdir() if p.is_file() and not p.is_symlink()]
+        return [p.name for p in sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))]
+
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def destroy(self) -> None:
+        """Delete all of the task's storage. rmtree never follows symlinks a script planted."""
+        if self.root.exists():
+            shutil.rmtree(self.root)
+
+
+def stored_task_ids(home: Path) -> list[str]:
+    """The ids of every task with storage under home."""
+    tasks = home / TASKS_DIR
+    if not tasks.is_dir():
+        return []
+    ids = []
+    for root in sorted(tasks.iterdir()):
+        id_file = root / TASK_ID_FILE
+        if root.is_dir() and id_file.is_file() and not id_file.is_symlink():
+            ids.append(id_file.read_text(encoding="utf-8"))
+    return ids

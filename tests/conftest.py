@@ -1,0 +1,55 @@
+"""Shared fixtures. Tests marked `docker` need a real engine: under CI=true they fail when
+none answers (never skip), elsewhere they skip with the reason."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TEST_LABEL = "spillbox.test"
+
+
+def _docker_client():  # type: ignore[no-untyped-def]
+    import docker
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as e:  # any failure to reach the engine means "no Docker here"
+        message = f"Docker engine not reachable ({e}); run scripts/ensure-docker.sh"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return client
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    client = _docker_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_client) -> str:  # type: ignore[no-untyped-def]
+    from spillbox.sandbox.image import ensure_image
+
+    return ensure_image(docker_client)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def docker_home(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) -> Iterator[Path]:
+    """A spillbox home for Docker tests; every container and folder it made is removed after."""
+    from spillbox.sandbox.docker import cleanup_home
+
+    path = tmp_path_factory.mktemp("docker-home")
+    yield path
+    cleanup_home(path)
