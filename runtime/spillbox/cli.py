@@ -35,8 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--home", help="spillbox home (default: SPILLBOX_HOME or the user data dir)")
-    common.add_argument("--sandbox", choices=["none", "docker"], help="sandbox kind (default: docker)")
+    common.add_argument(
+        "--home", help="spillbox home (default: SPILLBOX_HOME or the user data dir)"
+    )
+    common.add_argument(
+        "--sandbox", choices=["none", "docker"], help="sandbox kind (default: docker)"
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
     offload = commands.add_parser(
@@ -129,10 +133,15 @@ def _exec(args: argparse.Namespace) -> int:
             )
         )
     else:
-        sys.stdout.write(result.text if result.text.endswith("\n") or not result.text else result.text + "\n")
+        sys.stdout.write(
+            result.text if result.text.endswith("\n") or not result.text else result.text + "\n"
+        )
         sys.stderr.write(result.stderr)
         if result.timed_out:
-            print(f"spillbox: the script timed out after {args.timeout:g} s and was killed", file=sys.stderr)
+            print(
+                f"spillbox: the script timed out after {args.timeout:g} s and was killed",
+                file=sys.stderr,
+            )
     return result.exit_code if 0 <= result.exit_code < 256 else 1
 
 

@@ -96,9 +96,7 @@ def admit(
     def store(i: int, reason: Reason, tokens: TokenCount | None) -> None:
         data, text = payloads[i]
         artifact, notice = offload(Offload(results[i], data, text, reason, tokens))
-        decisions[i] = Decision(
-            results[i], notice, counter.count(notice), tokens, reason, artifact
-        )
+        decisions[i] = Decision(results[i], notice, counter.count(notice), tokens, reason, artifact)
 
     for i, (_, text) in enumerate(payloads):
         if text is None:
@@ -123,7 +121,5 @@ def admit(
         store(i, "aggregate", TokenCount(exact, exact=True))
 
     for i, (text, exact) in inline.items():
-        decisions[i] = Decision(
-            results[i], text, exact, TokenCount(exact, exact=True), None, None
-        )
+        decisions[i] = Decision(results[i], text, exact, TokenCount(exact, exact=True), None, None)
     return [d for d in decisions if d is not None]

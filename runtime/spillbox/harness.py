@@ -1,11 +1,11 @@
 """The harness and its tasks: the API agent code calls.
 
-    from spillbox import Harness, ToolResult
+from spillbox import Harness, ToolResult
 
-    harness = Harness(sandbox="none", home=".spillbox")
-    with harness.task("t1") as task:
-        admitted = task.admit([ToolResult(call_id="c1", tool="list_prs", content=payload)])
-        print(admitted[0].text)
+harness = Harness(sandbox="none", home=".spillbox")
+with harness.task("t1") as task:
+    admitted = task.admit([ToolResult(call_id="c1", tool="list_prs", content=payload)])
+    print(admitted[0].text)
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from spillbox import codemode
 from spillbox.config import Policy, SandboxKind, Settings
@@ -24,6 +25,9 @@ from spillbox.profile import Shape, profile
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import TaskStorage, safe_name
 from spillbox.tokens import TokenCount, TokenCounter, default_counter
+
+if TYPE_CHECKING:
+    from spillbox.sandbox.docker import SandboxOptions
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Harness:
         policy: Policy | None = None,
         counter: TokenCounter | None = None,
         environ: Mapping[str, str] | None = None,
+        options: SandboxOptions | None = None,
     ) -> None:
         settings = Settings.from_env(environ)
         if sandbox is not None:
@@ -92,7 +97,7 @@ class Harness:
         self.settings = settings
         self.policy = settings.policy
         self.counter = counter or default_counter(settings.policy.encoding)
-        self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home)
+        self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home, options)
 
     def task(self, task_id: str) -> Task:
         """The task with this id: created on first use, re-attached after a restart."""
@@ -167,7 +172,11 @@ class Task:
         return self.storage.names()
 
     def close(self, delete: bool = False) -> None:
-        """End the task; with delete=True its sandbox and all its storage are removed."""
+        """End the task; with delete=True its sandbox and all its storage are removed.
+
+        Without delete, the container stays (a restarted harness re-attaches to it by
+        label) until its expiry label says it may be collected.
+        """
         if delete:
             self.harness.remove(self.id)
 
@@ -200,7 +209,7 @@ class Task:
             tool=result.tool,
             call_id=result.call_id,
             path=artifact.path,
-            bytes=artifact.bytes,
+            size=artifact.bytes,
             tokens=offload.tokens,
             sha256=artifact.sha256,
             shape=shape,

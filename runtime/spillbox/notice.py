@@ -40,7 +40,7 @@ BINARY_HEAD_BYTES = 16
 
 _REASONS = {
     "per_call": "over the {per_call}-token per-call limit",
-    "aggregate": "this step's results were over the {aggregate}-token limit; largest offloaded first",
+    "aggregate": "the step was over the {aggregate}-token limit; largest offloaded first",
     "binary": "not UTF-8 text",
 }
 
@@ -61,7 +61,7 @@ class NoticeFacts:
     tool: str
     call_id: str
     path: str
-    bytes: int
+    size: int
     tokens: TokenCount | None
     sha256: str
     shape: Shape
@@ -102,7 +102,7 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int) -> str:
         f"tool: {_one_line(facts.tool)}",
         f"call_id: {_one_line(facts.call_id)}",
         f"path: {facts.path}",
-        f"bytes: {facts.bytes}",
+        f"bytes: {facts.size}",
         f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
         f"sha256: {facts.sha256}",
         f"shape: {describe(facts.shape)}",

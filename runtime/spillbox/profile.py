@@ -112,7 +112,11 @@ def _json_shape(data: bytes) -> Shape | None:
             if prefix == "" and event in ("end_array", "end_map"):
                 finished = True  # keep going: trailing data (NDJSON) must raise
             elif top == "start_array" and prefix == "item":
-                if event in ("end_map", "end_array") or event in _KIND_NAMES and event[:6] != "start_":
+                if (
+                    event in ("end_map", "end_array")
+                    or event in _KIND_NAMES
+                    and event[:6] != "start_"
+                ):
                     elements += 1
                     parsed_upto = stream.tell()
                 if event in _KIND_NAMES:
@@ -125,7 +129,9 @@ def _json_shape(data: bytes) -> Shape | None:
                 elif prefix in keys and prefix not in nested and event in _KIND_NAMES:
                     nested[prefix] = _KIND_NAMES[event]
             read = stream.tell()
-            if read > PROFILE_BUDGET_BYTES and (elements or top == "start_map" or read > 4 * PROFILE_BUDGET_BYTES):
+            if read > PROFILE_BUDGET_BYTES and (
+                elements or top == "start_map" or read > 4 * PROFILE_BUDGET_BYTES
+            ):
                 break
     except ijson.JSONError:
         return None
@@ -156,7 +162,9 @@ def _element_name(kinds: set[str]) -> str | None:
 
 def _ndjson_shape(data: bytes, text: str) -> Shape | None:
     """Newline-delimited JSON: every one of the first lines is one JSON value on its own."""
-    lines = [line for line in text[:PROFILE_BUDGET_BYTES].splitlines()[:_SNIFF_LINES] if line.strip()]
+    lines = [
+        line for line in text[:PROFILE_BUDGET_BYTES].splitlines()[:_SNIFF_LINES] if line.strip()
+    ]
     if len(lines) < 2 and len(text) > PROFILE_BUDGET_BYTES:
         return None
     keys: dict[str, None] = {}

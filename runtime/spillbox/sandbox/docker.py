@@ -1,0 +1,502 @@
+"""The Docker backend: one hardened container per task.
+
+The task's storage is bind-mounted: offload/ read-only at /sandbox/offload, work/ at
+/sandbox/work, cache/ at /sandbox/cache. The host writes payloads straight into
+offload/, so an offload never waits for the container, which starts in the background.
+
+Two fixed non-root uids: SCRIPT_UID runs the model's scripts; ENGINE_UID runs PID 1 and
+the task's SQL engine, so a script can neither kill the container nor tamper with the
+engine. After a timeout every process of SCRIPT_UID is killed, which also catches a
+process that left its group.
+
+    backend = DockerBackend(Path("~/.spillbox").expanduser())
+    storage = backend.storage("t1"); backend.create(storage)
+    backend.exec(storage, "sh", "ls /sandbox/offload", timeout=10)
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+from docker.types import LogConfig
+
+from spillbox.errors import ExecError, SandboxError
+from spillbox.sandbox.base import RawExec, SandboxBackend
+from spillbox.sandbox.image import ensure_image, image_tag
+from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
+
+SCRIPT_UID = 10001
+ENGINE_UID = 10002
+SANDBOX_GID = 10001
+SANDBOX_ROOT = "/sandbox"
+OFFLOAD_MOUNT = f"{SANDBOX_ROOT}/offload"
+RUN_SCRIPT = "/opt/spillbox/run.sh"
+SQL_ENGINE = "/opt/spillbox/sqlserver.py"
+
+LABEL_TASK = "spillbox.task"
+LABEL_HOME = "spillbox.home"
+LABEL_OWNER = "spillbox.owner"
+LABEL_EXPIRES = "spillbox.expires"
+LABEL_IMAGE = "spillbox.image-tag"
+
+DEFAULT_MEMORY = "1g"
+DEFAULT_PIDS = 256
+DEFAULT_CPUS = 1.0
+DEFAULT_TMP_SIZE = "64m"
+DEFAULT_EXPIRY = timedelta(days=7)
+DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
+KILL_GRACE_SECONDS = 5.0
+"""After a timeout, how long the in-container kill gets before the host kills for it."""
+OUTPUT_TAIL_BYTES = 64 * 1024
+MAX_CODE_BYTES = 256 * 1024
+OOM_MARKER = b"\x1espillbox:oom_killed\n"
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """How a task's container is confined. Every relaxation is an explicit field.
+
+    >>> SandboxOptions(memory="2g").network
+    False
+    """
+
+    network: bool = False
+    """Give the container a network (default: none at all)."""
+    read_only_root: bool = True
+    """Mount the image's filesystem read-only; only /tmp, /sandbox/work and cache are writable."""
+    memory: str = DEFAULT_MEMORY
+    """Memory limit (swap included)."""
+    pids: int = DEFAULT_PIDS
+    """Most processes at once: a fork bomb stops here."""
+    cpus: float = DEFAULT_CPUS
+    tmp_size: str = DEFAULT_TMP_SIZE
+    """Size cap of the /tmp tmpfs."""
+    runtime: str | None = None
+    """An OCI runtime, e.g. "runsc" for gVisor where the engine has it."""
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    """stdout kept per exec; past it the head and a tail are kept, the middle dropped."""
+    expiry: timedelta = DEFAULT_EXPIRY
+    """Written on the container as a label, for garbage collection."""
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def connect() -> docker.DockerClient:
+    """A client for the local engine, or a SandboxError that says how to start one."""
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except docker.errors.DockerException as e:
+        raise SandboxError(
+            "Docker is not running (no engine answered): start it, e.g. "
+            "`sudo systemctl start docker`, or run scripts/ensure-docker.sh as root"
+        ) from e
+    return client
+
+
+@contextmanager
+def docker_errors(doing: str) -> Iterator[None]:
+    """Translate the Docker SDK's exceptions into one-line SandboxErrors."""
+    try:
+        yield
+    except docker.errors.APIError as e:
+        raise SandboxError(f"Docker failed while {doing}: {e.explanation or e}") from e
+    except docker.errors.DockerException as e:
+        raise SandboxError(f"Docker failed while {doing}: {e}") from e
+
+
+class DockerBackend(SandboxBackend):
+    """One hardened container per task, found again by its labels after a restart."""
+
+    kind = "docker"
+    languages = ("sql", "jq", "python", "sh")
+
+    def __init__(self, home: Path, options: SandboxOptions | None = None) -> None:
+        super().__init__(home)
+        self.options = options or SandboxOptions()
+        self._client: docker.DockerClient | None = None
+        self._home_label = str(home.resolve())
+        self._starting: dict[str, threading.Thread] = {}
+        self._start_errors: dict[str, BaseException] = {}
+        self._engines: dict[str, _SqlEngine] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect()
+        return self._client
+
+    def container_name(self, storage: TaskStorage) -> str:
+        home_digest = hashlib.sha256(self._home_label.encode()).hexdigest()[:8]
+        return f"spillbox-{home_digest}-{safe_name(storage.task_id)}"
+
+    def create(self, storage: TaskStorage) -> None:
+        """Prepare storage now; start the container in the background."""
+        storage.ensure()
+        os.chown(storage.work, SCRIPT_UID, SANDBOX_GID)
+        os.chown(storage.cache, ENGINE_UID, SANDBOX_GID)
+        os.chmod(storage.work, 0o770)
+        os.chmod(storage.cache, 0o750)
+        with self._lock:
+            if storage.task_id in self._starting:
+                return
+            thread = threading.Thread(
+                target=self._start_in_background, args=(storage,), daemon=True
+            )
+            self._starting[storage.task_id] = thread
+        thread.start()
+
+    def _start_in_background(self, storage: TaskStorage) -> None:
+        try:
+            self.container(storage)
+        except BaseException as e:  # re-raised by the first exec that needs the container
+            self._start_errors[storage.task_id] = e
+
+    def container(self, storage: TaskStorage) -> Any:
+        """The task's running container: found by label, started, or created."""
+        name = self.container_name(storage)
+        with docker_errors(f"finding the container of task {storage.task_id!r}"):
+            found = self.client.containers.list(
+                all=True,
+                filters={
+                    "label": [f"{LABEL_TASK}={storage.task_id}", f"{LABEL_HOME}={self._home_label}"]
+                },
+            )
+        tag = image_tag()
+        for container in found:
+            if container.labels.get(LABEL_IMAGE) != tag:
+                # Built from an outdated image: payloads live on the host, so replace it.
+                with docker_errors("removing an outdated container"):
+                    container.remove(force=True)
+                continue
+            if container.status != "running":
+                with docker_errors(f"starting container {name}"):
+                    container.start()
+                    container.reload()
+            return container
+        ensure_image(self.client)
+        return self._create_container(storage, name, tag)
+
+    def _create_container(self, storage: TaskStorage, name: str, tag: str) -> Any:
+        options = self.options
+        expires = datetime.now(UTC) + options.expiry
+        labels = {
+            LABEL_TASK: storage.task_id,
+            LABEL_HOME: self._home_label,
+            LABEL_OWNER: getpass.getuser(),
+            LABEL_EXPIRES: expires.isoformat(timespec="seconds"),
+            LABEL_IMAGE: tag,
+            **options.extra_labels,
+        }
+        volumes = {
+            str(storage.offload): {"bind": OFFLOAD_MOUNT, "mode": "ro"},
+            str(storage.work): {"bind": f"{SANDBOX_ROOT}/work", "mode": "rw"},
+            str(storage.cache): {"bind": f"{SANDBOX_ROOT}/cache", "mode": "rw"},
+        }
+        kwargs: dict[str, Any] = {
+            "name": name,
+            "detach": True,
+            "labels": labels,
+            "user": f"{ENGINE_UID}:{SANDBOX_GID}",
+            "working_dir": f"{SANDBOX_ROOT}/work",
+            "environment": {"HOME": f"{SANDBOX_ROOT}/work"},
+            "volumes": volumes,
+            "read_only": options.read_only_root,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "pids_limit": options.pids,
+            "mem_limit": options.memory,
+            "memswap_limit": options.memory,
+            "nano_cpus": int(options.cpus * 1e9),
+            "tmpfs": {"/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}"},
+            "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+            "ipc_mode": "private",
+        }
+        if not options.network:
+            kwargs["network_mode"] = "none"
+        if options.runtime:
+            kwargs["runtime"] = options.runtime
+        try:
+            return self.client.containers.run(tag, **kwargs)
+        except docker.errors.APIError as e:
+            if e.status_code == 409:  # another process created it first: use theirs
+                return self.client.containers.get(name)
+            raise SandboxError(
+                f"Docker could not start the sandbox of task {storage.task_id!r}: "
+                f"{e.explanation or e}"
+            ) from e
+
+    def _ready(self, storage: TaskStorage) -> Any:
+        thread = self._starting.get(storage.task_id)
+        if thread is None:
+            self.create(storage)
+            thread = self._starting[storage.task_id]
+        thread.join()
+        error = self._start_errors.pop(storage.task_id, None)
+        if error is not None:
+            with self._lock:
+                self._starting.pop(storage.task_id, None)
+            raise error
+        return self.container(storage)
+
+    def visible_path(self, stored: StoredFile) -> str:
+        return f"{OFFLOAD_MOUNT}/{stored.name}"
+
+    def exec(self, storage: TaskStorage, lang: str, code: str, timeout: float) -> RawExec:
+        if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+            raise ExecError(f"script is over {MAX_CODE_BYTES} bytes: write it shorter")
+        return self._with_container(
+            storage,
+            lambda c: (
+                self._sql(storage, c, code, timeout)
+                if lang == "sql"
+                else self._script(c, lang, code, timeout)
+            ),
+        )
+
+    def _with_container(self, storage: TaskStorage, run: Callable[[Any], _T]) -> _T:
+        container = self._ready(storage)
+        try:
+            return run(container)
+        except docker.errors.NotFound:
+            # Removed from outside between lookups: payloads are on the host, so recreate.
+            self._engines.pop(storage.task_id, None)
+            return run(self.container(storage))
+
+    def _script(self, container: Any, lang: str, code: str, timeout: float) -> RawExec:
+        api = self.client.api
+        with docker_errors("starting a script"):
+            exec_id = api.exec_create(
+                container.id,
+                [RUN_SCRIPT, f"{timeout:g}", lang, code],
+                user=f"{SCRIPT_UID}:{SANDBOX_GID}",
+                workdir=f"{SANDBOX_ROOT}/work",
+                environment={"HOME": f"{SANDBOX_ROOT}/work"},
+            )["Id"]
+            stream = api.exec_start(exec_id, stream=True, demux=True)
+        hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
+        hard_kill.start()
+        started = time.monotonic()
+        stdout = _CappedBuffer(self.options.max_output_bytes)
+        stderr = _CappedBuffer(1024 * 1024)
+        try:
+            for out, err in stream:
+                if out:
+                    stdout.add(out)
+                if err:
+                    stderr.add(err)
+        finally:
+            hard_kill.cancel()
+        elapsed = time.monotonic() - started
+        with docker_errors("reading a script's exit code"):
+            exit_code = api.exec_inspect(exec_id)["ExitCode"]
+        exit_code = -1 if exit_code is None else int(exit_code)
+        timed_out = elapsed >= timeout and exit_code in (124, 137, -1)
+        if timed_out:
+            self._kill_scripts(container)
+        err_bytes = stderr.value()
+        oom = err_bytes.endswith(OOM_MARKER)
+        if oom:
+            err_bytes = err_bytes[: -len(OOM_MARKER)]
+        return RawExec(
+            exit_code=exit_code,
+            stdout=stdout.value(),
+            stderr=err_bytes,
+            timed_out=timed_out,
+            oom_killed=oom,
+            stdout_truncated=stdout.dropped > 0,
+        )
+
+    def _kill_scripts(self, container: Any) -> None:
+        """Kill every process of the script uid: the whole group and any that escaped it."""
+        try:
+            container.exec_run(["kill", "-KILL", "-1"], user=f"{SCRIPT_UID}:{SANDBOX_GID}")
+        except docker.errors.DockerException:
+            pass  # the container is gone: so are its processes
+
+    def _sql(self, storage: TaskStorage, container: Any, code: str, timeout: float) -> RawExec:
+        with self._lock:
+            engine = self._engines.get(storage.task_id)
+            if engine is None or engine.container_id != container.id:
+                engine = _SqlEngine(self.client, container)
+                self._engines[storage.task_id] = engine
+        try:
+            response = engine.query(code, timeout, self.options.max_output_bytes)
+        except ExecError:
+            with self._lock:
+                self._engines.pop(storage.task_id, None)
+            raise
+        if response is None:  # hung past its timeout: kill it; the next query starts afresh
+            with self._lock:
+                self._engines.pop(storage.task_id, None)
+            engine.kill()
+            return RawExec(124, b"", b"query killed: it ran past its timeout", True, False)
+        return RawExec(
+            exit_code=int(response["exit_code"]),
+            stdout=str(response["stdout"]).encode("utf-8"),
+            stderr=str(response["stderr"]).encode("utf-8"),
+            timed_out=bool(response.get("timed_out")),
+            oom_killed=False,
+            stdout_truncated=bool(response.get("truncated")),
+        )
+
+    def destroy(self, storage: TaskStorage) -> None:
+        with self._lock:
+            engine = self._engines.pop(storage.task_id, None)
+            thread = self._starting.pop(storage.task_id, None)
+        if thread is not None:
+            thread.join()
+        if engine is not None:
+            engine.close()
+        with docker_errors(f"removing the container of task {storage.task_id!r}"):
+            for container in self._containers({LABEL_TASK: storage.task_id}):
+                container.remove(force=True, v=True)
+        storage.destroy()
+
+    def _containers(self, labels: dict[str, str]) -> list[Any]:
+        filters = [f"{k}={v}" for k, v in {LABEL_HOME: self._home_label, **labels}.items()]
+        found: list[Any] = self.client.containers.list(all=True, filters={"label": filters})
+        return found
+
+    def list(self) -> list[str]:
+        with docker_errors("listing containers"):
+            running = {c.labels[LABEL_TASK] for c in self._containers({})}
+        return sorted(running | set(super().list()))
+
+
+def cleanup_home(home: Path) -> None:
+    """Remove every container made for a home, and the home itself (tests use this)."""
+    backend = DockerBackend(home)
+    with docker_errors("cleaning up"):
+        for container in backend._containers({}):
+            container.remove(force=True, v=True)
+    for task_id in backend.list():
+        backend.storage(task_id).destroy()
+
+
+class _CappedBuffer:
+    """Keeps the first `cap` bytes and the last OUTPUT_TAIL_BYTES; counts what it drops."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > OUTPUT_TAIL_BYTES:
+                excess = len(self.tail) - OUTPUT_TAIL_BYTES
+                self.dropped += excess
+                del self.tail[:excess]
+
+    def value(self) -> bytes:
+        if not self.dropped:
+            return bytes(self.head + self.tail)
+        marker = f"\n[spillbox: {self.dropped} bytes of output dropped here]\n".encode()
+        return bytes(self.head) + marker + bytes(self.tail)
+
+
+class _SqlEngine:
+    """The task's long-lived DuckDB process, spoken to over one exec's stdin/stdout."""
+
+    def __init__(self, client: docker.DockerClient, container: Any) -> None:
+        self.container_id = container.id
+        self._container = container
+        self._api = client.api
+        self._lock = threading.Lock()
+        with docker_errors("starting the SQL engine"):
+            exec_id = self._api.exec_create(
+                container.id,
+                ["python3", SQL_ENGINE],
+                stdin=True,
+                user=f"{ENGINE_UID}:{SANDBOX_GID}",
+                workdir=f"{SANDBOX_ROOT}/cache",
+            )["Id"]
+            raw = self._api.exec_start(exec_id, socket=True)
+        self._sock: socket.socket = getattr(raw, "_sock", raw)
+        self._buffer = bytearray()
+        self._errors = bytearray()
+
+    def query(self, sql: str, timeout: float, max_bytes: int) -> dict[str, Any] | None:
+        """The engine's response, or None if it did not answer within timeout + grace."""
+        request = json.dumps({"sql": sql, "timeout": timeout, "max_bytes": max_bytes}) + "\n"
+        with self._lock:
+            try:
+                self._sock.settimeout(timeout + KILL_GRACE_SECONDS)
+                self._sock.sendall(request.encode("utf-8"))
+                line = self._read_line()
+            except TimeoutError:
+                return None
+            except OSError as e:
+                raise ExecError(
+                    f"the SQL engine's connection broke: {e}; run the query again"
+                ) from e
+        response: dict[str, Any] = json.loads(line)
+        return response
+
+    def _read_line(self) -> bytes:
+        while b"\n" not in self._buffer:
+            stream, payload = self._read_frame()
+            (self._buffer if stream == 1 else self._errors).extend(payload)
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer = bytearray(rest)
+        return line
+
+    def _read_frame(self) -> tuple[int, bytes]:
+        header = self._recv_exactly(8)
+        stream, size = header[0], struct.unpack(">I", header[4:])[0]
+        return stream, self._recv_exactly(size)
+
+    def _recv_exactly(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            chunk = self._sock.recv(size - len(data))
+            if not chunk:
+                detail = self._errors.decode("utf-8", "replace").strip().splitlines()
+                raise ExecError(
+                    "the SQL engine stopped: "
+                    + (detail[-1] if detail else "no error message")
+                    + "; run the query again"
+                )
+            data += chunk
+        return bytes(data)
+
+    def kill(self) -> None:
+        """Kill the engine process (as its own uid) and drop the connection."""
+        try:
+            self._container.exec_run(
+                ["pkill", "-KILL", "-u", str(ENGINE_UID), "-f", SQL_ENGINE],
+                user=f"{ENGINE_UID}:{SANDBOX_GID}",
+            )
+        except docker.errors.DockerException:
+            pass  # the container is gone: so is the engine
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,476 @@
+"""The sandbox image: named by a hash of its files, built from them with or without a registry.
+
+Users with a container registry get the ordinary ``FROM python:3.11-slim`` build. Machines with
+no registry get a Debian base made with debootstrap and imported into Docker, and the image is
+then built with no network. Either way duckdb, pyarrow and jq come from wheels fetched on the host
+with pip, so nothing inside the build talks to a package index.
+
+>>> import docker
+>>> from spillbox.sandbox.image import ensure_image
+>>> tag = ensure_image(docker.from_env(), progress=print)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+import docker.errors
+
+from spillbox.errors import ConfigError, SandboxError
+
+IMAGE_REPOSITORY = "spillbox-sandbox"
+BASE_REPOSITORY = "spillbox-base"
+REGISTRY_BASE = "python:3.11-slim"
+DEBIAN_SUITE = "bookworm"
+"""Its python3 is 3.11, which the cp311 wheels need."""
+DEBOOTSTRAP_PACKAGES = ("python3", "python3-venv", "jq", "tini", "procps")
+PULL_STALL_SECONDS = 15.0
+"""In "auto", a pull that reports nothing for this long counts as no registry (a blackholed
+registry otherwise holds the pull for 25 s or more before the engine gives up)."""
+
+BaseKind = Literal["auto", "registry", "debootstrap"]
+Progress = Callable[[str], None]
+
+_HASH_CHARS = 16
+_IGNORED_NAMES = frozenset({"__pycache__"})
+_ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+# docker import gives an image with no config; these make it behave like a Debian image.
+_IMPORT_CHANGES = (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+)
+# Package caches and indexes that debootstrap leaves behind (about 95 MB); Debian's own images
+# drop them too, and apt-get update brings the indexes back.
+_ROOTFS_EXCLUDES = (
+    "./var/cache/apt/archives/*.deb",
+    "./var/cache/apt/*.bin",
+    "./var/lib/apt/lists/*",
+)
+_OFFLINE_HINT = "or make python:3.11-slim available and build with base='registry'"
+
+
+def images_dir() -> Path:
+    """The sandbox_images/ folder: $SPILLBOX_IMAGES_DIR, else the one beside runtime/."""
+    configured = os.environ.get("SPILLBOX_IMAGES_DIR")
+    path = (
+        Path(configured) if configured else Path(__file__).resolve().parents[3] / "sandbox_images"
+    )
+    if not (path / "sandbox" / "Dockerfile").is_file():
+        raise ConfigError(
+            f"sandbox image files not found in {path}: "
+            "set SPILLBOX_IMAGES_DIR to the project's sandbox_images folder"
+        )
+    return path
+
+
+def image_tag() -> str:
+    """The tag of the image built from the current files; any change to them changes it."""
+    return _tag(_content_hash(images_dir()))
+
+
+def image_present(client: docker.DockerClient) -> bool:
+    """Whether the image for the current files is already built."""
+    return _image_exists(client, image_tag())
+
+
+def ensure_image(client: docker.DockerClient, *, progress: Progress | None = None) -> str:
+    """The image tag for the current files, building the image first if it is missing."""
+    tag = image_tag()
+    if _image_exists(client, tag):
+        return tag
+    return build_image(client, progress=progress)
+
+
+def build_image(
+    client: docker.DockerClient,
+    *,
+    base: BaseKind = "auto",
+    progress: Progress | None = None,
+    cache_dir: Path | None = None,
+) -> str:
+    """Build the sandbox image and return its tag.
+
+    base: "registry" builds FROM python:3.11-slim (pulled if missing); "debootstrap" builds from
+    a local Debian base with no network (needs root); "auto" uses the registry when
+    python:3.11-slim is present or pulls without stalling, else debootstrap.
+    cache_dir keeps the downloaded wheels across builds (default ~/.cache/spillbox).
+    """
+    report = progress or _discard
+    root = images_dir()
+    content_hash = _content_hash(root)
+    tag = _tag(content_hash)
+    cache = cache_dir or Path.home() / ".cache" / "spillbox"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = _fetch_wheels(root / "sandbox" / "requirements.txt", cache, report)
+
+    if base == "auto":
+        base = "registry" if _registry_base_usable(client, REGISTRY_BASE, report) else "debootstrap"
+    if base == "registry":
+        base_image, network_mode = REGISTRY_BASE, None
+    else:
+        base_image, network_mode = _debootstrap_base(client, cache, report), "none"
+
+    with tempfile.TemporaryDirectory(prefix="build-", dir=cache) as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(root / "sandbox", context, ignore=shutil.ignore_patterns(*_IGNORED_NAMES))
+        # Hard links: the wheels are tens of MB and the context lives on the same filesystem.
+        shutil.copytree(wheels, context / "wheels", copy_function=os.link)
+        report(f"building {tag} from {base_image}")
+        with _docker_errors("building the sandbox image", "check that Docker has disk space"):
+            stream = client.api.build(
+                path=str(context),
+                tag=tag,
+                buildargs={"BASE": base_image},
+                labels={"spillbox.image": "1", "spillbox.content-hash": content_hash},
+                network_mode=network_mode,
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
+            output = ""
+            for event in stream:
+                if "error" in event:
+                    raise SandboxError(
+                        f"building the sandbox image from {base_image} failed: "
+                        f"{_one_line(str(event['error']))} (last output: {output or 'none'}); "
+                        "try the other base (base='registry' or base='debootstrap')"
+                    )
+                for line in _event_lines(event):
+                    output = line
+                    report(line)
+    return tag
+
+
+def _tag(content_hash: str) -> str:
+    return f"{IMAGE_REPOSITORY}:{content_hash}"
+
+
+def _content_hash(root: Path) -> str:
+    """A sha256 over the sorted relative paths, executable bits and bytes of the files."""
+    files = {
+        path.relative_to(root).as_posix(): path
+        for path in root.rglob("*")
+        if path.is_file() and _IGNORED_NAMES.isdisjoint(path.relative_to(root).parts)
+    }
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        data = files[name].read_bytes()
+        executable = files[name].stat().st_mode & 0o111 != 0
+        # Length-prefixed fields, so no two different trees hash the same byte stream.
+        for field in (name.encode(), b"x" if executable else b"-", data):
+            digest.update(len(field).to_bytes(8, "big"))
+            digest.update(field)
+    return digest.hexdigest()[:_HASH_CHARS]
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    if machine not in _ARCHES:
+        raise ConfigError(
+            f"unsupported machine architecture {machine!r}: "
+            "the sandbox image is built for x86_64 or aarch64 only"
+        )
+    return _ARCHES[machine]
+
+
+def _fetch_wheels(requirements: Path, cache: Path, report: Progress) -> Path:
+    """The folder of cp311 manylinux wheels for requirements, downloaded once per pin set."""
+    platform_tag = f"manylinux_2_28_{_arch()}"
+    pins = hashlib.sha256(requirements.read_bytes()).hexdigest()[:_HASH_CHARS]
+    wheels = cache / "wheels" / f"cp311-{platform_tag}-{pins}"
+    if wheels.is_dir():
+        return wheels
+    wheels.parent.mkdir(parents=True, exist_ok=True)
+    report(f"downloading wheels for {requirements.name} ({platform_tag})")
+    download = Path(tempfile.mkdtemp(prefix="download-", dir=wheels.parent))
+    try:
+        _run(
+            [
+                *(sys.executable, "-m", "pip", "download", "--disable-pip-version-check"),
+                *("--progress-bar", "off", "--only-binary", ":all:"),
+                *("--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"),
+                *("--platform", platform_tag, "-r", str(requirements), "-d", str(download)),
+            ],
+            what="pip download of the sandbox wheels",
+            hint="check access to the package index (pip config), then retry",
+            report=report,
+        )
+        # The folder appears complete at once, so an interrupted download is never reused.
+        download.rename(wheels)
+    except OSError:
+        if not wheels.is_dir():  # else a concurrent build finished the same download first
+            raise
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
+    return wheels
+
+
+def _registry_base_usable(
+    client: docker.DockerClient,
+    image: str,
+    report: Progress,
+    stall_seconds: float = PULL_STALL_SECONDS,
+) -> bool:
+    """Whether image is present or can be pulled; a pull that stalls counts as no registry.
+
+    The engine's pull has no timeout of its own, so it runs in a daemon thread that is left
+    behind (and ends when the engine gives up) if it stalls.
+    """
+    if _image_exists(client, image):
+        return True
+    report(f"pulling {image}")
+    events: queue.Queue[Mapping[str, Any] | Exception | None] = queue.Queue()
+
+    def pull() -> None:
+        try:
+            for event in client.api.pull(image, stream=True, decode=True):
+                events.put(event)
+        except Exception as exc:  # handed to the waiting thread, which decides
+            events.put(exc)
+        else:
+            events.put(None)
+
+    threading.Thread(target=pull, name=f"spillbox-pull-{image}", daemon=True).start()
+    while True:
+        try:
+            event = events.get(timeout=stall_seconds)
+        except queue.Empty:
+            report(f"no registry: pulling {image} stalled for {stall_seconds:.0f} s")
+            return False
+        if event is None:
+            return True
+        if isinstance(event, Exception) or "error" in event:
+            reason = _error_text(event) if isinstance(event, Exception) else str(event["error"])
+            report(f"no registry: pulling {image} failed: {_one_line(reason)}")
+            return False
+        for line in _event_lines(event):
+            report(line)
+
+
+def _debootstrap_base(client: docker.DockerClient, cache: Path, report: Progress) -> str:
+    """A local Debian base image made with debootstrap, reused while its inputs are unchanged."""
+    inputs = json.dumps(
+        [DEBIAN_SUITE, "minbase", DEBOOTSTRAP_PACKAGES, _arch(), _ROOTFS_EXCLUDES, _IMPORT_CHANGES]
+    ).encode()
+    tag_name = hashlib.sha256(inputs).hexdigest()[:_HASH_CHARS]
+    base = f"{BASE_REPOSITORY}:{tag_name}"
+    if _image_exists(client, base):
+        return base
+    debootstrap = _debootstrap_command(report)
+    # debootstrap must run executables inside the new tree, so it lives in the cache, not in a
+    # /tmp that may be mounted noexec.
+    with tempfile.TemporaryDirectory(prefix="debootstrap-", dir=cache) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        mirror = _apt_mirror()
+        report(f"debootstrap {DEBIAN_SUITE} from {mirror or 'the default Debian mirror'}")
+        _run(
+            [
+                *(debootstrap, "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_PACKAGES)}"),
+                *(DEBIAN_SUITE, str(rootfs), *([mirror] if mirror else [])),
+            ],
+            what="debootstrap of the sandbox base",
+            hint=f"check access to the Debian mirror in the apt sources, {_OFFLINE_HINT}",
+            report=report,
+        )
+        tarball = Path(tmp) / "rootfs.tar"
+        _run(
+            [
+                *("tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball)),
+                *(f"--exclude={pattern}" for pattern in _ROOTFS_EXCLUDES),
+                ".",
+            ],
+            what="packing the debootstrap tree",
+            hint=f"check free disk space in {cache}",
+            report=report,
+        )
+        report(f"importing {base}")
+        with _docker_errors("docker import of the sandbox base", "check Docker's free disk space"):
+            client.api.import_image_from_file(
+                str(tarball),
+                repository=BASE_REPOSITORY,
+                tag=tag_name,
+                changes=list(_IMPORT_CHANGES),
+            )
+    return base
+
+
+def _debootstrap_command(report: Progress) -> str:
+    """The debootstrap executable, installed with apt-get if missing (both need root)."""
+    if os.geteuid() != 0:
+        raise ConfigError(
+            "building the sandbox image without a registry runs debootstrap, which needs root: "
+            f"run as root, {_OFFLINE_HINT}"
+        )
+    found = _which_debootstrap()
+    if found:
+        return found
+    if not shutil.which("apt-get"):
+        raise ConfigError(
+            "debootstrap is not installed and there is no apt-get to install it: "
+            f"install debootstrap, {_OFFLINE_HINT}"
+        )
+    report("installing debootstrap with apt-get")
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["apt-get", "update"], ["apt-get", "install", "-y", "debootstrap"]):
+        _run(
+            step,
+            what=" ".join(step),
+            hint=f"install debootstrap by hand, {_OFFLINE_HINT}",
+            report=report,
+            env=environment,
+        )
+    installed = _which_debootstrap()
+    if not installed:
+        raise ConfigError(f"apt-get installed debootstrap but it was not found: {_OFFLINE_HINT}")
+    return installed
+
+
+def _which_debootstrap() -> str | None:
+    # It lives in /usr/sbin, which a root shell made with plain `su` lacks on PATH.
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return shutil.which("debootstrap", path=search)
+
+
+def _apt_mirror() -> str | None:
+    """The host's Debian mirror from its apt sources; None lets debootstrap use its default.
+
+    Prefers an entry for DEBIAN_SUITE, then any Debian archive (URI ending in /debian), so an
+    Ubuntu host's mirror is never used for Debian.
+    """
+    apt = Path("/etc/apt")
+    entries: list[tuple[str, list[str]]] = []
+    for path in sorted(apt.glob("sources.list.d/*.sources")):
+        entries += _deb822_entries(path.read_text(errors="replace"))
+    for path in [apt / "sources.list", *sorted(apt.glob("sources.list.d/*.list"))]:
+        if path.is_file():
+            entries += _one_line_entries(path.read_text(errors="replace"))
+    for uri, suites in entries:
+        if DEBIAN_SUITE in suites:
+            return uri
+    return next((uri for uri, _ in entries if uri.rstrip("/").endswith("/debian")), None)
+
+
+def _deb822_entries(text: str) -> list[tuple[str, list[str]]]:
+    """(URI, suites) of the enabled "deb" stanzas of a deb822 .sources file."""
+    entries: list[tuple[str, list[str]]] = []
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = ""
+        for line in stanza.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            if line[0].isspace() and key:
+                fields[key] += " " + line.strip()
+            elif ":" in line:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                fields[key] = value.strip()
+        if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes") != "no":
+            suites = fields.get("suites", "").split()
+            entries += [(uri, suites) for uri in fields.get("uris", "").split()]
+    return entries
+
+
+def _one_line_entries(text: str) -> list[tuple[str, list[str]]]:
+    """(URI, [suite]) of the "deb" lines of a one-line-style sources.list."""
+    entries: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words or words[0] != "deb":
+            continue
+        words = words[1:]
+        if words and words[0].startswith("["):  # options: [arch=amd64 signed-by=...]
+            while words and not words[0].endswith("]"):
+                words = words[1:]
+            words = words[1:]
+        if len(words) >= 2:
+            entries.append((words[0], [words[1]]))
+    return entries
+
+
+def _run(
+    command: Sequence[str],
+    *,
+    what: str,
+    hint: str,
+    report: Progress,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Run a host command, streaming its output lines to report; failures become SandboxError."""
+    last = ""
+    try:
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
+        ) as process:
+            assert process.stdout is not None  # stdout=PIPE
+            for raw in process.stdout:
+                line = raw.rstrip()
+                if line:
+                    last = line
+                    report(line)
+    except OSError as exc:
+        raise SandboxError(f"{what} could not start ({exc.strerror}): {hint}") from exc
+    if process.returncode != 0:
+        raise SandboxError(f"{what} failed (exit {process.returncode}: {last}); {hint}")
+
+
+@contextmanager
+def _docker_errors(what: str, hint: str) -> Iterator[None]:
+    """Translate Docker SDK and connection failures into one-line SandboxErrors."""
+    try:
+        yield
+    except (docker.errors.DockerException, OSError) as exc:
+        # requests' connection errors are OSErrors: the engine stopped answering.
+        raise SandboxError(f"{what} failed: {_one_line(_error_text(exc))}; {hint}") from exc
+
+
+def _image_exists(client: docker.DockerClient, image: str) -> bool:
+    with _docker_errors(f"looking up image {image}", "check that Docker is running"):
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return False
+    return True
+
+
+def _event_lines(event: Mapping[str, Any]) -> list[str]:
+    """The readable lines of a build or pull event; none for byte-count progress ticks."""
+    if event.get("progressDetail"):
+        return []
+    if "stream" in event:
+        return [line.strip() for line in str(event["stream"]).splitlines() if line.strip()]
+    if "status" in event:
+        return [" ".join(str(event[key]) for key in ("status", "id") if key in event)]
+    return []
+
+
+def _error_text(exc: Exception) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _discard(_line: str) -> None:
+    """The progress callback when the caller gives none."""

@@ -1,0 +1,142 @@
+"""The sandbox image: its tag follows its files, and it runs hardened with what code mode needs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from docker.models.containers import Container
+
+from spillbox.errors import ConfigError
+from spillbox.sandbox import image
+
+RUN_LABEL = "spillbox.test.run"
+
+
+@pytest.fixture
+def images_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of sandbox_images/ that image_tag() reads instead of the real one."""
+    copy = tmp_path / "sandbox_images"
+    shutil.copytree(image.images_dir(), copy)
+    monkeypatch.setenv("SPILLBOX_IMAGES_DIR", str(copy))
+    return copy
+
+
+def test_tag_is_the_repository_and_16_hex(images_copy: Path) -> None:
+    assert re.fullmatch(r"spillbox-sandbox:[0-9a-f]{16}", image.image_tag())
+    assert image.image_tag() == image.image_tag()
+
+
+def test_tag_changes_when_an_image_file_changes(images_copy: Path) -> None:
+    before = image.image_tag()
+    readme = images_copy / "sandbox" / "runtime" / "README.md"
+    readme.write_bytes(readme.read_bytes() + b"\n")
+    edited = image.image_tag()
+    (images_copy / "sandbox" / "runtime" / "new.sh").write_text("true\n")
+    added = image.image_tag()
+    assert len({before, edited, added}) == 3
+
+
+def test_tag_ignores_python_caches(images_copy: Path) -> None:
+    before = image.image_tag()
+    cache = images_copy / "sandbox" / "runtime" / "__pycache__"
+    cache.mkdir()
+    (cache / "x.cpython-311.pyc").write_bytes(b"\0")
+    assert image.image_tag() == before
+
+
+def test_missing_images_dir_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPILLBOX_IMAGES_DIR", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="SPILLBOX_IMAGES_DIR"):
+        image.image_tag()
+
+
+@pytest.fixture(scope="module")
+def container(docker_client: docker.DockerClient, sandbox_image: str) -> Iterator[Container]:
+    """One container of the image, run as hardened as the sandbox runs it."""
+    labels = {"spillbox.test": "1", RUN_LABEL: uuid.uuid4().hex}
+    try:
+        yield docker_client.containers.run(
+            sandbox_image,
+            detach=True,
+            network_mode="none",
+            read_only=True,
+            user="10001",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            labels=labels,
+        )
+    finally:
+        selector = [f"{key}={value}" for key, value in labels.items()]
+        for leftover in docker_client.containers.list(all=True, filters={"label": selector}):
+            leftover.remove(force=True)
+
+
+def run(container: Container, *command: str) -> str:
+    exit_code, output = container.exec_run(list(command))
+    text: str = output.decode()
+    assert exit_code == 0, text
+    return text.strip()
+
+
+@pytest.mark.docker
+def test_image_is_labelled_with_its_content_hash(
+    docker_client: docker.DockerClient, sandbox_image: str
+) -> None:
+    labels = docker_client.images.get(sandbox_image).labels
+    assert labels["spillbox.image"] == "1"
+    assert labels["spillbox.content-hash"] == sandbox_image.split(":")[1]
+
+
+@pytest.mark.docker
+def test_python_imports_duckdb_pyarrow_and_jq(container: Container) -> None:
+    script = "import duckdb, pyarrow, jq; print(duckdb.sql('select 42').fetchone()[0])"
+    assert run(container, "python3", "-c", script) == "42"
+
+
+@pytest.mark.docker
+def test_jq_cli_and_process_tools_exist(container: Container) -> None:
+    assert run(container, "jq", "--version").startswith("jq-")
+    assert run(container, "pkill", "--version").startswith("pkill")
+
+
+@pytest.mark.docker
+def test_runs_as_the_sandbox_user_under_tini(container: Container) -> None:
+    assert run(container, "id", "-u") == "10001"
+    assert run(container, "id", "-u", "spillsql") == "10002"
+    assert run(container, "ps", "-o", "comm=", "-p", "1") == "tini"
+
+
+@pytest.mark.docker
+def test_folders_belong_to_their_users(container: Container) -> None:
+    owners = run(container, "stat", "-c", "%n %u", "/sandbox/work", "/sandbox/cache")
+    assert owners.splitlines() == ["/sandbox/work 10001", "/sandbox/cache 10002"]
+    assert run(container, "find", "/opt/spillbox", "-perm", "/222") == ""
+
+
+@pytest.mark.docker
+def test_a_stalled_pull_does_not_hang_auto(docker_client: docker.DockerClient) -> None:
+    # A "registry" that never answers: the kernel completes the handshakes of a listening
+    # socket nobody accepts on, so the engine waits as it would on a blackholed registry.
+    server = socket.create_server(("127.0.0.1", 0))
+    reference = f"127.0.0.1:{server.getsockname()[1]}/python:3.11-slim"
+    lines: list[str] = []
+    started = time.monotonic()
+    try:
+        usable = image._registry_base_usable(
+            docker_client, reference, lines.append, stall_seconds=1.0
+        )
+    finally:
+        server.close()
+    assert not usable
+    assert time.monotonic() - started < 5
+    assert lines[-1].startswith("no registry: pulling")
