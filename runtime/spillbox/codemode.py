@@ -86,7 +86,8 @@ def jq_command(task: Task, jq_filter: str, artifact: str | None) -> str:
     matches = [n for n in names if n == wanted or n.rsplit(".", 1)[0] == wanted]
     if not matches:
         raise ExecError(f"task {task.id!r} has no artifact {artifact!r}: see task.artifacts()")
-    return f"jq -- {shell_quote(jq_filter)} /sandbox/offload/{matches[0]}"
+    # jq 1.6 has no `--`: a leading space keeps a filter like "-1" from reading as an option.
+    return f"jq {shell_quote(' ' + jq_filter)} /sandbox/offload/{matches[0]}"
 
 
 def shell_quote(value: str) -> str:

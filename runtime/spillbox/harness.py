@@ -99,6 +99,21 @@ class Harness:
         self.counter = counter or default_counter(settings.policy.encoding)
         self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home, options)
 
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let go of connections and engines; tasks and their sandboxes stay."""
+        self.backend.close()
+
     def task(self, task_id: str) -> Task:
         """The task with this id: created on first use, re-attached after a restart."""
         return Task(self, task_id)
@@ -179,6 +194,8 @@ class Task:
         """
         if delete:
             self.harness.remove(self.id)
+        else:
+            self.harness.backend.release(self.storage)
 
     def _offload(self, offload: Offload) -> tuple[Artifact, str]:
         backend, policy = self.harness.backend, self.harness.policy

@@ -36,6 +36,9 @@ CLOSE = "[/spillbox]"
 
 MAX_KEYS = 40
 MAX_KEY_CHARS = 40
+MAX_ID_CHARS = 128
+"""Tool names and call ids are shown up to this many characters (the path names the file)."""
+MIN_ID_CHARS = 16
 BINARY_HEAD_BYTES = 16
 
 _REASONS = {
@@ -78,29 +81,34 @@ class NoticeFacts:
 
 
 def render(facts: NoticeFacts, counter: TokenCounter, max_tokens: int, preview_chars: int) -> str:
-    """The notice text, shrunk (fewer keys, shorter previews) until it fits max_tokens."""
-    keys_shown, chars = MAX_KEYS, preview_chars
+    """The notice text, shrunk (fewer keys, shorter previews, then shorter ids) until it
+    fits max_tokens."""
+    keys_shown, chars, id_chars = MAX_KEYS, preview_chars, MAX_ID_CHARS
     while True:
-        text = _render(facts, keys_shown, chars)
-        if counter.count(text) <= max_tokens or (keys_shown == 0 and chars == 0):
+        text = _render(facts, keys_shown, chars, id_chars)
+        if counter.count(text) <= max_tokens or id_chars <= MIN_ID_CHARS:
             return text
         if keys_shown > 5:
             keys_shown //= 2
         elif chars > 10:
             chars //= 2
-        else:
+        elif keys_shown or chars:
             keys_shown, chars = 0, 0
+        else:
+            # Only a huge tool name or call id can still be over: they come from the
+            # caller, not the payload, but must not break the bound either.
+            id_chars //= 2
 
 
-def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int) -> str:
+def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: int) -> str:
     reason = _REASONS[facts.reason].format(
         per_call=facts.per_call_limit, aggregate=facts.aggregate_limit
     )
     lines = [
         OPEN,
         f"reason: {facts.reason} ({reason})",
-        f"tool: {_one_line(facts.tool)}",
-        f"call_id: {_one_line(facts.call_id)}",
+        f"tool: {_one_line(facts.tool, id_chars)}",
+        f"call_id: {_one_line(facts.call_id, id_chars)}",
         f"path: {facts.path}",
         f"bytes: {facts.size}",
         f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
@@ -108,7 +116,7 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int) -> str:
         f"shape: {describe(facts.shape)}",
     ]
     if facts.shape.keys and keys_shown:
-        shown = [k[:MAX_KEY_CHARS] for k in facts.shape.keys[:keys_shown]]
+        shown = [cut_head(k, MAX_KEY_CHARS) for k in facts.shape.keys[:keys_shown]]
         more = len(facts.shape.keys) - len(shown)
         label = "columns" if facts.shape.kind == "csv" else "keys"
         suffix = f" (+{more} more)" if more else ""
@@ -154,7 +162,7 @@ def describe(shape: Shape) -> str:
 def cut_head(text: str, chars: int) -> str:
     """At most `chars` characters from the start, never splitting a combining sequence."""
     end = min(chars, len(text))
-    while 0 < end < len(text) and _joins_previous(text[end]):
+    while 0 < end < len(text) and _inside_cluster(text, end):
         end -= 1
     return text[:end]
 
@@ -162,18 +170,32 @@ def cut_head(text: str, chars: int) -> str:
 def cut_tail(text: str, chars: int) -> str:
     """At most `chars` characters from the end, never starting inside a combining sequence."""
     start = max(len(text) - chars, 0)
-    while 0 < start < len(text) and _joins_previous(text[start]):
+    while 0 < start < len(text) and _inside_cluster(text, start):
         start += 1
     return text[start:]
 
 
-def _joins_previous(ch: str) -> bool:
-    # Combining marks, zero-width joiners and variation selectors belong to the
-    # character before them; a cut there would show a broken glyph.
-    return bool(unicodedata.combining(ch)) or ch in "\u200d\ufe0f\ufe0e"
+def _inside_cluster(text: str, i: int) -> bool:
+    """Whether a cut before text[i] would split what shows as one character."""
+    # Marks (combining accents, variation selectors, vowel signs: not all have a
+    # combining class), emoji skin tones and tag characters belong to the character
+    # before them; a zero-width joiner glues the characters on both sides (👩‍💻).
+    ch = text[i]
+    return (
+        unicodedata.category(ch)[0] == "M"
+        or ch == _ZWJ
+        or text[i - 1] == _ZWJ
+        or "\U0001f3fb" <= ch <= "\U0001f3ff"
+        or "\U000e0020" <= ch <= "\U000e007f"
+    )
 
 
-def _one_line(value: str) -> str:
+_ZWJ = "\u200d"
+
+
+def _one_line(value: str, max_chars: int) -> str:
+    if len(value) > max_chars:
+        value = cut_head(value, max_chars) + "…"
     return value if value.isprintable() else json.dumps(value, ensure_ascii=False)
 
 

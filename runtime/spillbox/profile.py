@@ -68,7 +68,11 @@ def profile(data: bytes, text: str | None) -> Shape:
         ndjson = _ndjson_shape(data, text)
         if ndjson is not None:
             return ndjson
-    elif stripped[:1] in ('"', "-") or stripped[:1].isdigit() or stripped[:4] in ("true", "null"):
+    elif (
+        stripped[:1] in ('"', "-")
+        or stripped[:1].isdigit()
+        or stripped.startswith(("true", "false", "null"))
+    ):
         try:
             json.loads(text)
             return Shape(kind="json_scalar")
@@ -94,40 +98,49 @@ _KIND_NAMES = {
 
 
 def _json_shape(data: bytes) -> Shape | None:
-    """Stream-parse up to the budget; None if the payload is not exactly one JSON value."""
+    """Stream-parse up to the budget; None if the payload is not exactly one JSON value.
+
+    basic_parse, not parse: parse builds a path string for every event, which costs
+    memory quadratic in the nesting depth (100 KB of "[" exhausted 4 GB).
+    """
     stream = io.BytesIO(data)
     top: str | None = None
     finished = False
+    depth = 0  # containers open before the current event
+    key: str | None = None  # the top-level object key whose value comes next
     element_kinds: set[str] = set()
     keys: dict[str, None] = {}
     nested: dict[str, str] = {}
     elements = 0
     parsed_upto = 0
     try:
-        for prefix, event, value in ijson.parse(stream, use_float=True):
+        for event, value in ijson.basic_parse(stream, use_float=True):
             if top is None:
                 top = event
                 if top not in ("start_array", "start_map"):
                     return None
-            if prefix == "" and event in ("end_array", "end_map"):
+            opens = event in ("start_map", "start_array")
+            closes = event in ("end_map", "end_array")
+            # The level of the value the event belongs to: 0 is the top value, 1 its
+            # elements or the values of its keys; a map_key sits at its value's level.
+            level = depth - 1 if closes else depth
+            if closes and level == 0:
                 finished = True  # keep going: trailing data (NDJSON) must raise
-            elif top == "start_array" and prefix == "item":
-                if (
-                    event in ("end_map", "end_array")
-                    or event in _KIND_NAMES
-                    and event[:6] != "start_"
-                ):
+            elif top == "start_array" and level == 1:
+                if closes or not opens:
                     elements += 1
                     parsed_upto = stream.tell()
                 if event in _KIND_NAMES:
                     element_kinds.add(_KIND_NAMES[event])
-                elif event == "map_key":
-                    keys.setdefault(str(value), None)
-            elif top == "start_map":
-                if prefix == "" and event == "map_key":
-                    keys.setdefault(str(value), None)
-                elif prefix in keys and prefix not in nested and event in _KIND_NAMES:
-                    nested[prefix] = _KIND_NAMES[event]
+            elif top == "start_array" and level == 2 and event == "map_key":
+                keys.setdefault(str(value), None)
+            elif top == "start_map" and level == 1:
+                if event == "map_key":
+                    key = str(value)
+                    keys.setdefault(key, None)
+                elif key is not None and event in _KIND_NAMES:
+                    nested.setdefault(key, _KIND_NAMES[event])
+            depth += 1 if opens else -1 if closes else 0
             read = stream.tell()
             if read > PROFILE_BUDGET_BYTES and (
                 elements or top == "start_map" or read > 4 * PROFILE_BUDGET_BYTES
@@ -171,7 +184,7 @@ def _ndjson_shape(data: bytes, text: str) -> Shape | None:
     for line in lines:
         try:
             value: Any = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting ([[[[...) is not NDJSON either
             return None
         if isinstance(value, dict):
             keys.update(dict.fromkeys(str(k) for k in value))
@@ -188,7 +201,12 @@ def _csv_shape(data: bytes, text: str) -> Shape | None:
         return None
     first = head[0]
     delimiter = "\t" if first.count("\t") >= max(first.count(","), 1) else ","
-    rows = list(csv.reader(head[:-1] if len(head) == _SNIFF_LINES else head, delimiter=delimiter))
+    try:
+        rows = list(
+            csv.reader(head[:-1] if len(head) == _SNIFF_LINES else head, delimiter=delimiter)
+        )
+    except csv.Error:  # e.g. a line over csv's field size limit: not a table we can read
+        return None
     widths = {len(row) for row in rows}
     if len(widths) != 1 or widths.pop() < 2:
         return None

@@ -35,6 +35,9 @@ SAMPLE_WINDOW_CHARS = 2_048
 _FIRST_PREFIX_CHARS_PER_TOKEN = 8
 """The first prefix tried is this many characters per token of the limit (then doubled)."""
 
+_PREFIX_CUT_SEARCH_CHARS = 1_024
+"""How far back a prefix may be cut to end at a word boundary."""
+
 
 @runtime_checkable
 class TokenCounter(Protocol):
@@ -95,11 +98,27 @@ def count_within(counter: TokenCounter, text: str, limit: int) -> int | None:
         if size >= len(text):
             tokens = counter.count(text)
             return tokens if tokens <= limit else None
-        if counter.count(text[:size]) > limit:
+        if counter.count(_prefix(text, size)) > limit:
             return None
         if size >= cap:
             return None
         size = min(size * 2, cap)
+
+
+def _prefix(text: str, size: int) -> str:
+    """text[:size], cut back to just before a space that follows a non-space, if one is
+    among its last _PREFIX_CUT_SEARCH_CHARS characters.
+
+    Tokenizers start a new piece there, so the prefix's tokens are the first tokens of
+    the whole text, and a prefix over the limit proves the text is over it. Cut inside
+    a word, a prefix can count more than the whole ("internation" is 3 cl100k tokens,
+    "internationalization" 2), and a text at the limit would be called over it.
+    """
+    floor = max(size - _PREFIX_CUT_SEARCH_CHARS, 0)
+    cut = text.rfind(" ", floor, size)
+    while cut > floor and text[cut - 1].isspace():
+        cut = text.rfind(" ", floor, cut)
+    return text[:cut] if cut > floor else text[:size]
 
 
 def total(counter: TokenCounter, text: str) -> TokenCount:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ def prs(n: int) -> str:
 
 
 @pytest.fixture
-def harness(docker_home: Path) -> Harness:
-    return Harness(sandbox="docker", home=docker_home)
+def harness(docker_home: Path) -> Iterator[Harness]:
+    with Harness(sandbox="docker", home=docker_home) as harness:
+        yield harness
 
 
 def test_offload_is_visible_in_the_sandbox_and_queryable_by_sql(harness: Harness) -> None:
@@ -76,7 +78,7 @@ def test_jq_python_and_sh(harness: Harness) -> None:
             "python",
             "import duckdb, pyarrow, jq\n"
             "sql = \"SELECT max(id) FROM read_json_auto('/sandbox/offload/c1.json')\"\n"
-            "print(duckdb.sql(sql).fetchone()[0])",
+            "print(duckdb.sql(sql).fetchall()[0][0])",
         )
         assert py.exit_code == 0, py.stderr
         assert py.text.strip() == "299"
@@ -137,6 +139,8 @@ def test_a_restarted_harness_reattaches_and_a_removed_container_is_recreated(
     result = task2.exec("sql", 'SELECT count(*) AS n FROM "c1"')
     assert result.text.splitlines() == ["n", "300"]
     task2.close(delete=True)
+    first.close()
+    second.close()
 
 
 def test_close_with_delete_removes_container_and_storage(

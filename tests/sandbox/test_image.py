@@ -36,8 +36,8 @@ def test_tag_is_the_repository_and_16_hex(images_copy: Path) -> None:
 
 def test_tag_changes_when_an_image_file_changes(images_copy: Path) -> None:
     before = image.image_tag()
-    readme = images_copy / "sandbox" / "runtime" / "README.md"
-    readme.write_bytes(readme.read_bytes() + b"\n")
+    dockerfile = images_copy / "sandbox" / "Dockerfile"
+    dockerfile.write_bytes(dockerfile.read_bytes() + b"\n")
     edited = image.image_tag()
     (images_copy / "sandbox" / "runtime" / "new.sh").write_text("true\n")
     added = image.image_tag()
@@ -99,7 +99,7 @@ def test_image_is_labelled_with_its_content_hash(
 
 @pytest.mark.docker
 def test_python_imports_duckdb_pyarrow_and_jq(container: Container) -> None:
-    script = "import duckdb, pyarrow, jq; print(duckdb.sql('select 42').fetchone()[0])"
+    script = "import duckdb, pyarrow, jq; print(duckdb.sql('select 42').fetchall()[0][0])"
     assert run(container, "python3", "-c", script) == "42"
 
 

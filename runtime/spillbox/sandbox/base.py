@@ -65,6 +65,12 @@ class SandboxBackend(ABC):
     def read(self, storage: TaskStorage, name: str) -> bytes:
         return storage.read(name)
 
+    def release(self, storage: TaskStorage) -> None:
+        """Let go of what this process holds for the task (its sandbox stays)."""
+
+    def close(self) -> None:
+        """Let go of everything this process holds (connections, engines)."""
+
     @abstractmethod
     def destroy(self, storage: TaskStorage) -> None:
         """Remove the task's sandbox and all its storage."""

@@ -65,6 +65,7 @@ KILL_GRACE_SECONDS = 5.0
 OUTPUT_TAIL_BYTES = 64 * 1024
 MAX_CODE_BYTES = 256 * 1024
 OOM_MARKER = b"\x1espillbox:oom_killed\n"
+CREATE_ATTEMPTS = 5
 
 _T = TypeVar("_T")
 
@@ -233,15 +234,28 @@ class DockerBackend(SandboxBackend):
             kwargs["network_mode"] = "none"
         if options.runtime:
             kwargs["runtime"] = options.runtime
-        try:
-            return self.client.containers.run(tag, **kwargs)
-        except docker.errors.APIError as e:
-            if e.status_code == 409:  # another process created it first: use theirs
-                return self.client.containers.get(name)
-            raise SandboxError(
-                f"Docker could not start the sandbox of task {storage.task_id!r}: "
-                f"{e.explanation or e}"
-            ) from e
+        for _ in range(CREATE_ATTEMPTS):
+            try:
+                return self.client.containers.run(tag, **kwargs)
+            except docker.errors.APIError as e:
+                if e.status_code != 409:
+                    raise SandboxError(
+                        f"Docker could not start the sandbox of task {storage.task_id!r}: "
+                        f"{e.explanation or e}"
+                    ) from e
+            # The name is taken: another process created it first (use theirs), or a
+            # removal of the old one is still finishing (try again).
+            try:
+                container = self.client.containers.get(name)
+            except docker.errors.NotFound:
+                time.sleep(0.2)
+                continue
+            if container.status != "running":
+                container.start()
+            return container
+        raise SandboxError(
+            f"Docker kept refusing the container name {name}: remove it with `docker rm -f {name}`"
+        )
 
     def _ready(self, storage: TaskStorage) -> Any:
         thread = self._starting.get(storage.task_id)
@@ -282,31 +296,29 @@ class DockerBackend(SandboxBackend):
 
     def _script(self, container: Any, lang: str, code: str, timeout: float) -> RawExec:
         api = self.client.api
-        with docker_errors("starting a script"):
-            exec_id = api.exec_create(
-                container.id,
-                [RUN_SCRIPT, f"{timeout:g}", lang, code],
-                user=f"{SCRIPT_UID}:{SANDBOX_GID}",
-                workdir=f"{SANDBOX_ROOT}/work",
-                environment={"HOME": f"{SANDBOX_ROOT}/work"},
-            )["Id"]
-            stream = api.exec_start(exec_id, stream=True, demux=True)
+        stream = _ExecStream(
+            api,
+            container.id,
+            [RUN_SCRIPT, f"{timeout:g}", lang, code],
+            user=f"{SCRIPT_UID}:{SANDBOX_GID}",
+            stdin=False,
+        )
         hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
         hard_kill.start()
         started = time.monotonic()
         stdout = _CappedBuffer(self.options.max_output_bytes)
         stderr = _CappedBuffer(1024 * 1024)
         try:
-            for out, err in stream:
-                if out:
-                    stdout.add(out)
-                if err:
-                    stderr.add(err)
+            while (frame := stream.frame()) is not None:
+                (stdout if frame[0] == 1 else stderr).add(frame[1])
+        except OSError as e:
+            raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             hard_kill.cancel()
+            stream.close()
         elapsed = time.monotonic() - started
         with docker_errors("reading a script's exit code"):
-            exit_code = api.exec_inspect(exec_id)["ExitCode"]
+            exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
         exit_code = -1 if exit_code is None else int(exit_code)
         timed_out = elapsed >= timeout and exit_code in (124, 137, -1)
         if timed_out:
@@ -357,6 +369,24 @@ class DockerBackend(SandboxBackend):
             stdout_truncated=bool(response.get("truncated")),
         )
 
+    def release(self, storage: TaskStorage) -> None:
+        with self._lock:
+            engine = self._engines.pop(storage.task_id, None)
+        if engine is not None:
+            engine.close()  # the engine sees end of input and exits
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+            threads = list(self._starting.values())
+        for thread in threads:
+            thread.join()
+        for engine in engines:
+            engine.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def destroy(self, storage: TaskStorage) -> None:
         with self._lock:
             engine = self._engines.pop(storage.task_id, None)
@@ -382,13 +412,16 @@ class DockerBackend(SandboxBackend):
 
 
 def cleanup_home(home: Path) -> None:
-    """Remove every container made for a home, and the home itself (tests use this)."""
+    """Remove every container made for a home, and all task storage (tests use this)."""
     backend = DockerBackend(home)
-    with docker_errors("cleaning up"):
-        for container in backend._containers({}):
-            container.remove(force=True, v=True)
-    for task_id in backend.list():
-        backend.storage(task_id).destroy()
+    try:
+        with docker_errors("cleaning up"):
+            for container in backend._containers({}):
+                container.remove(force=True, v=True)
+        for task_id in backend.list():
+            backend.storage(task_id).destroy()
+    finally:
+        backend.close()
 
 
 class _CappedBuffer:
@@ -419,24 +452,72 @@ class _CappedBuffer:
         return bytes(self.head) + marker + bytes(self.tail)
 
 
+class _ExecStream:
+    """One exec's raw connection: stdin to write, stdout/stderr frames to read.
+
+    Docker multiplexes the two outputs in frames (8-byte header: stream, size). We read
+    the socket ourselves so that closing it really closes it, and so a timeout on it is
+    ours to set.
+    """
+
+    def __init__(self, api: Any, container_id: str, cmd: list[str], user: str, stdin: bool) -> None:
+        with docker_errors("starting a process in the sandbox"):
+            self.exec_id: str = api.exec_create(
+                container_id,
+                cmd,
+                stdin=stdin,
+                user=user,
+                workdir=f"{SANDBOX_ROOT}/work",
+                environment={"HOME": f"{SANDBOX_ROOT}/work"},
+            )["Id"]
+            self._raw = api.exec_start(self.exec_id, socket=True)
+        self._sock: socket.socket = getattr(self._raw, "_sock", self._raw)
+
+    def settimeout(self, seconds: float | None) -> None:
+        self._sock.settimeout(seconds)
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def frame(self) -> tuple[int, bytes] | None:
+        """The next (stream, payload): 1 is stdout, 2 is stderr; None at end of output."""
+        header = self._recv_exactly(8)
+        if header is None:
+            return None
+        size = struct.unpack(">I", header[4:])[0]
+        return header[0], self._recv_exactly(size) or b""
+
+    def _recv_exactly(self, size: int) -> bytes | None:
+        data = bytearray()
+        while len(data) < size:
+            chunk = self._sock.recv(min(size - len(data), 1 << 20))
+            if not chunk:
+                return None
+            data += chunk
+        return bytes(data)
+
+    def close(self) -> None:
+        for closable in (self._raw, self._sock):
+            try:
+                closable.close()
+            except OSError:
+                pass
+
+
 class _SqlEngine:
     """The task's long-lived DuckDB process, spoken to over one exec's stdin/stdout."""
 
     def __init__(self, client: docker.DockerClient, container: Any) -> None:
         self.container_id = container.id
         self._container = container
-        self._api = client.api
         self._lock = threading.Lock()
-        with docker_errors("starting the SQL engine"):
-            exec_id = self._api.exec_create(
-                container.id,
-                ["python3", SQL_ENGINE],
-                stdin=True,
-                user=f"{ENGINE_UID}:{SANDBOX_GID}",
-                workdir=f"{SANDBOX_ROOT}/cache",
-            )["Id"]
-            raw = self._api.exec_start(exec_id, socket=True)
-        self._sock: socket.socket = getattr(raw, "_sock", raw)
+        self._stream = _ExecStream(
+            client.api,
+            container.id,
+            ["python3", SQL_ENGINE],
+            user=f"{ENGINE_UID}:{SANDBOX_GID}",
+            stdin=True,
+        )
         self._buffer = bytearray()
         self._errors = bytearray()
 
@@ -445,8 +526,8 @@ class _SqlEngine:
         request = json.dumps({"sql": sql, "timeout": timeout, "max_bytes": max_bytes}) + "\n"
         with self._lock:
             try:
-                self._sock.settimeout(timeout + KILL_GRACE_SECONDS)
-                self._sock.sendall(request.encode("utf-8"))
+                self._stream.settimeout(timeout + KILL_GRACE_SECONDS)
+                self._stream.send(request.encode("utf-8"))
                 line = self._read_line()
             except TimeoutError:
                 return None
@@ -459,30 +540,16 @@ class _SqlEngine:
 
     def _read_line(self) -> bytes:
         while b"\n" not in self._buffer:
-            stream, payload = self._read_frame()
+            frame = self._stream.frame()
+            if frame is None:
+                detail = self._errors.decode("utf-8", "replace").strip().splitlines()
+                last = detail[-1] if detail else "no error message"
+                raise ExecError(f"the SQL engine stopped: {last}; run the query again")
+            stream, payload = frame
             (self._buffer if stream == 1 else self._errors).extend(payload)
         line, _, rest = bytes(self._buffer).partition(b"\n")
         self._buffer = bytearray(rest)
         return line
-
-    def _read_frame(self) -> tuple[int, bytes]:
-        header = self._recv_exactly(8)
-        stream, size = header[0], struct.unpack(">I", header[4:])[0]
-        return stream, self._recv_exactly(size)
-
-    def _recv_exactly(self, size: int) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            chunk = self._sock.recv(size - len(data))
-            if not chunk:
-                detail = self._errors.decode("utf-8", "replace").strip().splitlines()
-                raise ExecError(
-                    "the SQL engine stopped: "
-                    + (detail[-1] if detail else "no error message")
-                    + "; run the query again"
-                )
-            data += chunk
-        return bytes(data)
 
     def kill(self) -> None:
         """Kill the engine process (as its own uid) and drop the connection."""
@@ -496,7 +563,4 @@ class _SqlEngine:
         self.close()
 
     def close(self) -> None:
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        self._stream.close()

@@ -30,7 +30,7 @@ WORK = "/sandbox/work"
 DATABASE = "/sandbox/cache/tables.duckdb"
 LOADED = "_spillbox_loaded"
 READERS = {
-    "json": "read_json_auto('{path}', maximum_object_size=1073741824)",
+    "json": "read_json_auto('{path}', maximum_object_size=67108864)",
     "ndjson": "read_json_auto('{path}', format='newline_delimited')",
     "csv": "read_csv_auto('{path}')",
 }

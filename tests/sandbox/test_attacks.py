@@ -1,0 +1,471 @@
+"""Attacks on the Docker sandbox, each asserting that the attack fails.
+
+Every test runs under the engine's default runtime and again under gVisor ("runsc") where
+the engine has it; gVisor is an optional stronger mode, so its absence skips, never fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillbox import Harness, Task, ToolResult
+from spillbox.sandbox.docker import (
+    LABEL_EXPIRES,
+    LABEL_OWNER,
+    LABEL_TASK,
+    OUTPUT_TAIL_BYTES,
+    SCRIPT_UID,
+    DockerBackend,
+    SandboxOptions,
+)
+
+pytestmark = pytest.mark.docker
+
+GVISOR = "runsc"
+
+
+@pytest.fixture(params=[None, GVISOR], ids=["runc", "gvisor"])
+def harness(request: pytest.FixtureRequest, docker_client: Any, docker_home: Path) -> Harness:
+    """A docker harness whose backend uses the parametrized OCI runtime."""
+    runtime = request.param
+    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
+        pytest.skip(
+            f"the engine has no {runtime!r} runtime (gVisor is an optional stronger mode): "
+            "install runsc and register it in /etc/docker/daemon.json to run these"
+        )
+    harness = Harness(sandbox="docker", home=docker_home)
+    # Harness takes no sandbox options, so the configured backend is swapped in.
+    harness.backend = DockerBackend(docker_home, SandboxOptions(runtime=runtime))
+    return harness
+
+
+@pytest.fixture
+def task(harness: Harness) -> Iterator[Task]:
+    task = harness.task("attacker")
+    yield task
+    task.close(delete=True)
+
+
+def payload(marker: str, rows: int = 400) -> str:
+    """A JSON array large enough to be offloaded, carrying a marker."""
+    return json.dumps([{"id": i, "secret": marker, "pad": "x" * 200} for i in range(rows)])
+
+
+def probe(task: Task, code: str, timeout: float = 20.0) -> Any:
+    """Run a python probe that prints one JSON value; return that value."""
+    result = task.exec("python", code, timeout=timeout)
+    assert result.exit_code == 0, result.stderr
+    assert not result.offloaded, result.text
+    return json.loads(result.text)
+
+
+LEFTOVERS = """
+import json, os
+def status(pid):
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
+    return fields
+# This probe and the processes that started it are not leftovers.
+mine, pid = set(), os.getpid()
+while pid > 0:
+    mine.add(pid)
+    try:
+        pid = int(status(pid)["PPid"][0])
+    except OSError:
+        break
+left = []
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) in mine:
+        continue
+    try:
+        fields = status(name)
+        with open(f"/proc/{name}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\\0", b" ").decode(errors="replace")
+    except OSError:
+        continue  # exited meanwhile
+    left.append([int(fields["Uid"][0]), fields["Name"][0], cmdline])
+print(json.dumps(left))
+"""
+
+
+def script_leftovers(task: Task) -> list[list[Any]]:
+    """Processes of the script uid still alive in the task's container (this probe aside)."""
+    return [p for p in probe(task, LEFTOVERS) if p[0] == SCRIPT_UID]
+
+
+def test_network_is_unreachable(task: Task, docker_client: Any) -> None:
+    bridge = docker_client.networks.get("bridge").attrs["IPAM"]["Config"]
+    gateway = next((c["Gateway"] for c in bridge if "Gateway" in c), "172.17.0.1")
+    found = probe(
+        task,
+        f"""
+import json, socket
+out = {{"interfaces": [name for _, name in socket.if_nameindex()]}}
+for host, port in [("1.1.1.1", 53), ({gateway!r}, 53), ({gateway!r}, 2375), ("8.8.8.8", 443)]:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        out[f"{{host}}:{{port}}"] = "connected"
+    except OSError as e:
+        out[f"{{host}}:{{port}}"] = type(e).__name__
+try:
+    out["dns"] = socket.getaddrinfo("example.com", 443)[0][4][0]
+except OSError as e:
+    out["dns"] = "failed"
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"x", ("1.1.1.1", 53))
+    out["udp"] = "sent"
+except OSError:
+    out["udp"] = "failed"
+print(json.dumps(out))
+""",
+    )
+    assert found.pop("interfaces") == ["lo"]
+    assert found.pop("dns") == "failed"
+    assert found.pop("udp") == "failed"
+    assert "connected" not in found.values(), found
+
+
+def test_root_filesystem_is_read_only_and_tmp_is_capped(task: Task, harness: Harness) -> None:
+    assert isinstance(harness.backend, DockerBackend)
+    cap = harness.backend.options.tmp_size
+    assert cap.endswith("m")
+    over = int(cap[:-1]) + 8  # MiB: past the cap
+    found = probe(
+        task,
+        f"""
+import json, os
+out = {{}}
+for path in ["/etc/evil", "/usr/evil", "/opt/spillbox/evil", "/evil", "/sandbox/evil",
+             "/sandbox/offload/evil", "/usr/bin/python3", "/opt/spillbox/run.sh"]:
+    try:
+        with open(path, "ab") as f:
+            f.write(b"x")
+        out[path] = "wrote"
+    except OSError as e:
+        out[path] = e.strerror
+for path in ["/etc/cron.d", "/var/evil"]:
+    try:
+        os.mkdir(path + "/x" if os.path.isdir(path) else path)
+        out[path] = "made"
+    except OSError as e:
+        out[path] = e.strerror
+with open("/tmp/small", "wb") as f:
+    f.write(b"ok")
+out["tmp_small"] = open("/tmp/small", "rb").read().decode()
+written = 0
+try:
+    with open("/tmp/big", "wb") as f:
+        for _ in range({over}):
+            f.write(b"\\0" * 1024 * 1024)
+            written += 1
+        f.flush()
+        os.fsync(f.fileno())
+    out["tmp_big"] = "wrote"
+except OSError as e:
+    out["tmp_big"] = e.strerror
+out["tmp_big_mib"] = written
+for leftover in ("/tmp/small", "/tmp/big"):
+    os.remove(leftover)
+print(json.dumps(out))
+""",
+    )
+    assert found.pop("tmp_small") == "ok"
+    assert found.pop("tmp_big") == "No space left on device", found
+    assert found.pop("tmp_big_mib") < over
+    assert "wrote" not in found.values() and "made" not in found.values(), found
+
+
+def test_scripts_run_unprivileged(task: Task, harness: Harness) -> None:
+    found = probe(
+        task,
+        """
+import json, os, subprocess
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines())
+out = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups()}
+out.update({k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                                          "NoNewPrivs", "Seccomp")})
+out["id -u"] = subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip()
+for name, call in [("setuid", lambda: os.setuid(0)), ("setgid", lambda: os.setgid(0)),
+                   ("chown", lambda: os.chown("/sandbox/work", 0, 0)),
+                   ("chroot", lambda: os.chroot("/tmp"))]:
+    try:
+        call()
+        out[name] = "allowed"
+    except OSError as e:
+        out[name] = e.strerror
+su = subprocess.run(["su", "-c", "id -u", "root"], stdin=subprocess.DEVNULL,
+                    capture_output=True, text=True)
+out["su"] = su.stdout.strip() or su.stderr.strip() or str(su.returncode)
+print(json.dumps(out))
+""",
+    )
+    assert found["uid"] == found["euid"] == SCRIPT_UID
+    assert found["id -u"] == str(SCRIPT_UID)
+    assert 0 not in [found["gid"], *found["groups"]]
+    for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(found[field], 16) == 0, (field, found[field])
+    assert found["NoNewPrivs"] == "1"
+    for name in ("setuid", "setgid", "chown", "chroot"):
+        assert found[name] == "Operation not permitted", (name, found[name])
+    assert found["su"] != "0", found["su"]
+
+
+def test_a_setuid_root_binary_gives_no_privilege(task: Task) -> None:
+    """Even a setuid-root program in the (not nosuid) work mount runs as the script uid."""
+    copied = task.exec("sh", "cp /usr/bin/id /sandbox/work/suid-id")
+    assert copied.exit_code == 0, copied.stderr
+    planted = task.storage.work / "suid-id"
+    os.chown(planted, 0, 0)
+    planted.chmod(0o4755)  # chown clears the setuid bit
+    result = task.exec("sh", "/sandbox/work/suid-id -u")
+    assert result.exit_code == 0, result.stderr
+    assert result.text.strip() == str(SCRIPT_UID)
+
+
+def test_one_task_cannot_reach_another_tasks_payload(harness: Harness) -> None:
+    marker = f"BRAVO-SECRET-{uuid.uuid4().hex}"
+    alpha, bravo = harness.task("alpha"), harness.task("bravo")
+    try:
+        [theirs] = bravo.admit([ToolResult(call_id="b1", tool="t", content=payload(marker))])
+        [mine] = alpha.admit([ToolResult(call_id="a1", tool="t", content=payload("alpha"))])
+        assert theirs.artifact is not None and mine.artifact is not None
+        host_path = str(theirs.artifact.host_path)
+        # The marker and bravo's paths are passed hex-encoded, so the probe's own command
+        # line (visible in /proc) does not contain what it searches for.
+        needles = [marker, host_path, str(bravo.storage.root), theirs.artifact.name]
+        found = probe(
+            alpha,
+            f"""
+import json, os
+needles = [bytes.fromhex(h) for h in {[n.encode().hex() for n in needles]!r}]
+host_path = needles[1].decode()
+out = {{"listing": {{}}, "opened": {{}}, "hits": []}}
+for folder in ["/sandbox", "/sandbox/offload", "/sandbox/work", "/sandbox/cache"]:
+    out["listing"][folder] = sorted(os.listdir(folder))
+for guess in [host_path, "/sandbox/offload/" + needles[3].decode(),
+              "/sandbox/offload/../../" + host_path.lstrip("/"),
+              "/proc/1/root" + host_path, "/proc/1/root/sandbox/offload/" + needles[3].decode()]:
+    try:
+        with open(guess, "rb") as f:
+            out["opened"][guess] = len(f.read())
+    except OSError as e:
+        out["opened"][guess] = e.strerror
+def scan(path, limit=1 << 26):
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+    except OSError:
+        return
+    for n, needle in enumerate(needles[:3]):
+        if needle in data:
+            out["hits"].append([path, n])
+for base in ["/sandbox", "/tmp", "/run", "/var", "/home", "/root", "/mnt", "/srv", "/dev/shm"]:
+    for folder, _, files in os.walk(base):
+        for name in files:
+            scan(os.path.join(folder, name))
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for leaf in ("cmdline", "environ", "mountinfo", "mounts"):
+        scan(f"/proc/{{pid}}/{{leaf}}")
+out["processes"] = len([p for p in os.listdir("/proc") if p.isdigit()])
+print(json.dumps(out))
+""",
+        )
+        assert found["listing"]["/sandbox/offload"] == [mine.artifact.name]
+        assert theirs.artifact.name not in json.dumps(found["listing"])
+        assert "No such file or directory" in found["opened"].values()
+        assert all(isinstance(v, str) for v in found["opened"].values()), found["opened"]
+        assert found["hits"] == [], found["hits"]
+        for sql in (f"SELECT * FROM read_text('{host_path}')", 'SELECT * FROM "b1"'):
+            result = alpha.exec("sql", sql)
+            assert result.exit_code != 0 and marker not in result.text, (sql, result.text)
+    finally:
+        alpha.close(delete=True)
+        bravo.close(delete=True)
+
+
+FORK_UNTIL_REFUSED = """
+import os, sys, time
+children = 0
+try:
+    for _ in range({bound}):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+    print("no limit hit", children, flush=True)
+except OSError as e:
+    print("refused", children, e.errno, flush=True)
+time.sleep(30)  # hold the limit until the timeout kills the whole group
+"""
+
+
+def test_fork_bomb_hits_the_pids_limit_and_the_task_survives(task: Task, harness: Harness) -> None:
+    assert isinstance(harness.backend, DockerBackend)
+    limit = harness.backend.options.pids
+    result = task.exec("python", FORK_UNTIL_REFUSED.format(bound=limit + 100), timeout=5)
+    outcome, children, *errno = result.text.split()
+    assert outcome == "refused", result.text
+    assert int(children) < limit
+    assert errno == ["11"]  # EAGAIN
+    assert result.timed_out
+    assert script_leftovers(task) == []
+    after = task.exec("sh", "echo alive")
+    assert (after.exit_code, after.text.strip()) == (0, "alive")
+    [admitted] = task.admit([ToolResult(call_id="later", tool="t", content=payload("later"))])
+    assert admitted.offloaded
+    assert task.exec("sql", 'SELECT count(*) AS n FROM "later"').text.split() == ["n", "400"]
+
+
+ESCAPES = """
+setsid sleep 300 &
+nohup sleep 301 >/dev/null 2>&1 &
+( sleep 302 & )
+python3 -c '
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(303)
+    os._exit(0)
+'
+sleep 60
+"""
+
+
+def test_a_script_that_outlives_its_timeout_is_killed_with_its_children(task: Task) -> None:
+    result = task.exec("sh", ESCAPES, timeout=2)
+    assert result.timed_out
+    assert result.exit_code != 0
+    assert script_leftovers(task) == []
+
+
+def test_a_plain_sleep_past_its_timeout_is_killed(task: Task) -> None:
+    result = task.exec("sh", "sleep 60", timeout=1)
+    assert result.timed_out
+    assert script_leftovers(task) == []
+
+
+def test_a_detached_child_of_a_finished_script_does_not_outlive_the_exec(task: Task) -> None:
+    result = task.exec("sh", "nohup sleep 300 >/dev/null 2>&1 & echo started", timeout=2)
+    assert (result.exit_code, result.text.strip()) == (0, "started")
+    assert script_leftovers(task) == []
+
+
+def test_the_host_never_follows_a_planted_symlink(task: Task, tmp_path: Path) -> None:
+    target = tmp_path / "host-secret.txt"
+    target.write_text("keep me")
+    folder = tmp_path / "host-folder"
+    folder.mkdir()
+    (folder / "inside.txt").write_text("keep me too")
+    [admitted] = task.admit([ToolResult(call_id="c1", tool="t", content=payload("c1"))])
+    planted = task.exec(
+        "sh",
+        f"ln -s {target} /sandbox/work/file-link && ln -s {folder} /sandbox/work/dir-link"
+        f" && ln -s / /sandbox/work/root-link && mkdir /sandbox/work/sub"
+        f" && ln -s {target} /sandbox/work/sub/nested-link && ls /sandbox/work",
+    )
+    assert planted.exit_code == 0, planted.stderr
+    assert (task.storage.work / "file-link").is_symlink()
+    assert task.artifacts() == [admitted.artifact.name if admitted.artifact else ""]
+    assert task.storage.find_identical(b"keep me") is None
+    root = task.storage.root
+    task.close(delete=True)
+    assert not root.exists()
+    assert target.read_text() == "keep me"
+    assert (folder / "inside.txt").read_text() == "keep me too"
+
+
+def test_a_print_flood_is_bounded_and_the_harness_survives(task: Task, harness: Harness) -> None:
+    assert isinstance(harness.backend, DockerBackend)
+    cap = harness.backend.options.max_output_bytes
+    flood = 50 * 1024 * 1024
+    result = task.exec(
+        "python",
+        f"import sys\nline = b'y' * 1023 + b'\\n'\nfor _ in range({flood // 1024}):\n"
+        "    sys.stdout.buffer.write(line)\n",
+        timeout=60,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.offloaded and result.artifact is not None
+    assert len(result.text) < 10_000
+    stored = result.artifact.host_path.stat().st_size
+    assert stored <= cap + OUTPUT_TAIL_BYTES + 1024
+    after = task.exec("sh", "echo alive")
+    assert after.text.strip() == "alive"
+
+
+def test_the_container_exposes_nothing_of_the_host(task: Task, harness: Harness) -> None:
+    assert isinstance(harness.backend, DockerBackend)
+    found = probe(
+        task,
+        """
+import json, os
+sockets = ["/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock"]
+mounts = open("/proc/self/mountinfo").read()
+print(json.dumps({"present": [s for s in sockets if os.path.exists(s)],
+                  "mentioned": [s for s in ("docker.sock", "containerd") if s in mounts]}))
+""",
+    )
+    assert found == {"present": [], "mentioned": []}
+    container = harness.backend.container(task.storage)
+    container.reload()
+    attrs = container.attrs
+    storage = task.storage
+    allowed = {str(storage.offload), str(storage.work), str(storage.cache)}
+    mounts = attrs["Mounts"]
+    assert {m["Source"] for m in mounts} == allowed, mounts
+    assert all(m["Type"] == "bind" for m in mounts)
+    assert [m["RW"] for m in mounts if m["Source"] == str(storage.offload)] == [False]
+    host = attrs["HostConfig"]
+    assert not host.get("PortBindings") and not attrs["NetworkSettings"].get("Ports")
+    assert host["NetworkMode"] == "none"
+    assert not host["Privileged"] and not host.get("CapAdd") and host["CapDrop"] == ["ALL"]
+    assert host["ReadonlyRootfs"] and "no-new-privileges" in host["SecurityOpt"]
+    assert not host.get("Devices") and host["PidMode"] in ("", "private")
+    assert host["PidsLimit"] > 0 and host["Memory"] > 0
+    labels = container.labels
+    assert labels[LABEL_TASK] == task.id
+    assert labels[LABEL_OWNER]
+    assert datetime.fromisoformat(labels[LABEL_EXPIRES]) > datetime.now(UTC)
+
+
+HOSTILE_SQL = [
+    "SELECT * FROM read_text('/etc/passwd')",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/sandbox/work/../../etc/passwd')",
+    "SELECT * FROM read_text('/proc/self/environ')",
+    "COPY (SELECT 1 AS x) TO '/tmp/out.csv'",
+    "COPY (SELECT 1 AS x) TO '/sandbox/cache/out.csv'",
+    "COPY (SELECT 1 AS x) TO '/sandbox/offload/out.csv'",
+    "COPY (SELECT 1 AS x) TO '/sandbox/work/../cache/out.csv'",
+    "ATTACH '/sandbox/cache/evil.duckdb' AS evil",
+    "SET enable_external_access = true",
+    "SET allowed_directories = ['/']",
+    "SET lock_configuration = false",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SELECT * FROM read_text('https://example.com/')",
+]
+
+
+def test_hostile_sql_is_refused(task: Task) -> None:
+    for sql in HOSTILE_SQL:
+        result = task.exec("sql", sql)
+        assert result.exit_code != 0, (sql, result.text)
+        assert "root:" not in result.text, sql
+    assert not (task.storage.cache / "out.csv").exists()
+    allowed = task.exec("sql", "COPY (SELECT 1 AS x) TO '/sandbox/work/out.csv'")
+    assert allowed.exit_code == 0, allowed.stderr  # the refusals above are not a broken engine
+    assert (task.storage.work / "out.csv").read_text().split() == ["x", "1"]

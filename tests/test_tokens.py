@@ -1,0 +1,219 @@
+"""Token counting: real tiktoken tokens, offline, and a threshold decision bounded by the
+threshold rather than by the payload."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from pathlib import Path
+
+import pytest
+import tiktoken.registry
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spillbox.errors import ConfigError
+from spillbox.tokens import (
+    EXACT_TOTAL_CHARS,
+    TiktokenCounter,
+    TokenCount,
+    TokenCounter,
+    count_within,
+    default_counter,
+    total,
+)
+
+CJK_SAMPLE = (
+    "人工智能正在改变软件开发的方式。开发者使用大型语言模型编写代码、审查合并请求并诊断"
+    "生产环境中的故障。然而，工具返回的结果往往非常庞大，例如一次查询可能返回数千条记录，"
+    "这会迅速耗尽模型的上下文窗口。"
+)
+
+WORDS = (
+    "the fix for a bug in the parser when handling large input files that were not "
+    "closed properly so we add tests docs and a regression check for the release"
+).split()
+
+
+class RecordingCounter:
+    """Wraps a counter and remembers the length of every text it was asked to count."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.max_token_chars = inner.max_token_chars
+        self.lengths: list[int] = []
+
+    def count(self, text: str) -> int:
+        self.lengths.append(len(text))
+        return self.inner.count(text)
+
+
+def pr_json(target_bytes: int, seed: int = 0) -> str:
+    """A pretty-printed JSON array of PR-like objects with long bodies, about target_bytes."""
+    rng = random.Random(seed)
+    prs = []
+    size = 0
+    while size < target_bytes:
+        i = len(prs)
+        pr = {
+            "id": 1_000_000 + i,
+            "number": i + 1,
+            "title": " ".join(rng.choices(WORDS, k=rng.randint(4, 10))).capitalize(),
+            "state": rng.choice(["open", "closed", "merged"]),
+            "user": {"login": f"dev{rng.randint(1, 300)}", "id": rng.randint(1, 10**6)},
+            "labels": [{"name": rng.choice(["bug", "docs", "perf", "ci"])}],
+            "created_at": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T10:00:00Z",
+            "body": " ".join(rng.choices(WORDS, k=rng.randint(40, 400))),
+        }
+        prs.append(pr)
+        size += len(json.dumps(pr, indent=2)) + 4
+    return json.dumps(prs, indent=2)
+
+
+@pytest.fixture(scope="module")
+def counter() -> TiktokenCounter:
+    return default_counter()
+
+
+def test_counts_real_cl100k_tokens(counter: TiktokenCounter) -> None:
+    assert counter.name == "cl100k_base"
+    assert counter.count("hello world") == 2
+    assert counter.count("") == 0
+    assert isinstance(counter, TokenCounter)
+    assert default_counter() is counter
+
+
+def test_cjk_is_counted_as_real_tokens_not_chars_over_4(counter: TiktokenCounter) -> None:
+    chars_over_4 = len(CJK_SAMPLE) / 4
+    assert counter.count(CJK_SAMPLE) >= 2 * chars_over_4
+
+
+def test_token_count_labels_estimates() -> None:
+    assert TokenCount(1234, exact=True).label() == "1234"
+    assert TokenCount(1234, exact=False).label() == "~1234 (estimated)"
+
+
+def test_count_within_is_exact_under_the_limit(counter: TiktokenCounter) -> None:
+    text = "hello world " * 100
+    exact = counter.count(text)
+    assert count_within(counter, text, exact) == exact
+    assert count_within(counter, text, exact + 1000) == exact
+    assert count_within(counter, text, exact - 1) is None
+
+
+def test_count_within_a_word_cut_does_not_call_a_text_at_the_limit_over_it(
+    counter: TiktokenCounter,
+) -> None:
+    # "internationalization" is 2 tokens but its first 11 characters are 3: a prefix cut
+    # inside the word must not make a text that is exactly at the limit look over it.
+    text = "a " * 20 + "internationalization " * 10
+    exact = counter.count(text)
+    assert len(text) > 8 * exact  # long enough that only a prefix is counted first
+    assert count_within(counter, text, exact) == exact
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    words=st.lists(
+        st.sampled_from(WORDS + ["internationalization", "中文字符", "😀", "x" * 30, "123456"]),
+        max_size=120,
+    ),
+    separators=st.sampled_from([" ", "  ", "\n", " \n "]),
+    limit=st.integers(min_value=1, max_value=80),
+)
+def test_count_within_matches_the_exact_count(
+    words: list[str], separators: str, limit: int
+) -> None:
+    counter = default_counter()
+    text = separators.join(words)
+    exact = counter.count(text)
+    assert count_within(counter, text, limit) == (exact if exact <= limit else None)
+
+
+def test_count_within_counts_only_a_bounded_prefix_of_40_mb(counter: TiktokenCounter) -> None:
+    chunk = pr_json(1_000_000)
+    payload = chunk * 40
+    recording = RecordingCounter(counter)
+    assert count_within(recording, payload, 6_000) is None
+    cap = 6_000 * counter.max_token_chars + 1
+    assert max(recording.lengths) <= cap
+    assert sum(recording.lengths) < len(payload) / 100
+
+
+@pytest.mark.parametrize("char", [" ", "a", "中"])
+def test_count_within_stays_bounded_on_degenerate_text(counter: TiktokenCounter, char: str) -> None:
+    # One repeated character: no word boundaries, and for spaces 128 characters a token.
+    payload = char * 2_000_000
+    recording = RecordingCounter(counter)
+    assert count_within(recording, payload, 6_000) is None
+    assert sum(recording.lengths) <= 2 * (6_000 * counter.max_token_chars + 1)
+
+
+def test_total_is_exact_for_short_text(counter: TiktokenCounter) -> None:
+    text = pr_json(EXACT_TOTAL_CHARS // 2)
+    assert total(counter, text) == TokenCount(counter.count(text), exact=True)
+
+
+def test_total_estimate_is_within_3_percent_on_realistic_json(counter: TiktokenCounter) -> None:
+    text = pr_json(3_000_000, seed=7)
+    recording = RecordingCounter(counter)
+    estimate = total(recording, text)
+    exact = counter.count(text)
+    assert not estimate.exact
+    assert abs(estimate.tokens - exact) <= 0.03 * exact
+    assert max(recording.lengths) <= 4_096
+
+
+def test_total_estimate_on_cjk_text_is_close(counter: TiktokenCounter) -> None:
+    text = (CJK_SAMPLE + "\n") * 2_000
+    estimate = total(counter, text)
+    assert not estimate.exact
+    assert abs(estimate.tokens - counter.count(text)) <= 0.03 * counter.count(text)
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Any attempt to open a connection is recorded and refused."""
+    attempts: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        attempts.append(args)
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+def test_missing_encoding_is_a_config_error_without_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: list[object]
+) -> None:
+    empty = tmp_path / "tiktoken-cache"
+    empty.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(empty))
+    # tiktoken keeps loaded encodings in a registry; make sure this one is really loaded.
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "o200k_base", raising=False)
+    with pytest.raises(ConfigError, match="TIKTOKEN_CACHE_DIR"):
+        TiktokenCounter("o200k_base")
+    assert no_network == []
+    assert list(empty.iterdir()) == []
+
+
+def test_unknown_encoding_is_a_config_error(no_network: list[object]) -> None:
+    with pytest.raises(ConfigError, match="unknown tiktoken encoding"):
+        TiktokenCounter("no_such_base")
+    assert no_network == []
+
+
+def test_default_encoding_loads_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: list[object]
+) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    for name in list(tiktoken.registry.ENCODINGS):
+        if name.startswith("cl100k_base"):
+            monkeypatch.delitem(tiktoken.registry.ENCODINGS, name)
+    assert TiktokenCounter("cl100k_base").count("hello world") == 2
+    assert no_network == []
