@@ -33,18 +33,20 @@ GVISOR = "runsc"
 
 
 @pytest.fixture(params=[None, GVISOR], ids=["runc", "gvisor"])
-def harness(request: pytest.FixtureRequest, docker_client: Any, docker_home: Path) -> Harness:
-    """A docker harness whose backend uses the parametrized OCI runtime."""
+def harness(
+    request: pytest.FixtureRequest, docker_client: Any, docker_home: Path
+) -> Iterator[Harness]:
+    """A docker harness whose sandboxes use the parametrized OCI runtime."""
     runtime = request.param
     if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
         pytest.skip(
             f"the engine has no {runtime!r} runtime (gVisor is an optional stronger mode): "
             "install runsc and register it in /etc/docker/daemon.json to run these"
         )
-    harness = Harness(sandbox="docker", home=docker_home)
-    # Harness takes no sandbox options, so the configured backend is swapped in.
-    harness.backend = DockerBackend(docker_home, SandboxOptions(runtime=runtime))
-    return harness
+    with Harness(
+        sandbox="docker", home=docker_home, options=SandboxOptions(runtime=runtime)
+    ) as harness:
+        yield harness
 
 
 @pytest.fixture

@@ -67,9 +67,11 @@ class SandboxBackend(ABC):
 
     def release(self, storage: TaskStorage) -> None:
         """Let go of what this process holds for the task (its sandbox stays)."""
+        return None  # a backend that holds nothing per task has nothing to let go
 
     def close(self) -> None:
         """Let go of everything this process holds (connections, engines)."""
+        return None  # a backend without connections has nothing to let go
 
     @abstractmethod
     def destroy(self, storage: TaskStorage) -> None:
