@@ -106,11 +106,13 @@ def test_count_within_is_exact_under_the_limit(counter: TiktokenCounter) -> None
 def test_count_within_a_word_cut_does_not_call_a_text_at_the_limit_over_it(
     counter: TiktokenCounter,
 ) -> None:
-    # "internationalization" is 2 tokens but its first 11 characters are 3: a prefix cut
-    # inside the word must not make a text that is exactly at the limit look over it.
-    text = "a " * 20 + "internationalization " * 10
+    # A prefix cut inside a word can count more than the whole word ("internation" is 3
+    # tokens, "internationalization" 2): a text exactly at the limit must not look over it.
+    text = "\n" * 10 + "  " + "\n" * 10 + "responsibilitiesresponsibilities responsibilities"
     exact = counter.count(text)
-    assert len(text) > 8 * exact  # long enough that only a prefix is counted first
+    first_prefix = 8 * exact
+    assert len(text) > first_prefix
+    assert counter.count(text[:first_prefix]) > exact  # the trap is real
     assert count_within(counter, text, exact) == exact
 
 

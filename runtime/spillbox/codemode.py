@@ -62,14 +62,24 @@ def run(
     if lang == "jq":
         code = jq_command(task, code, artifact)
         lang = "sh"
+    referenced = [
+        row for row in task.artifacts(include_deleted=True)
+        if row.artifact_id in code or row.name in code
+    ]  # fmt: skip
     raw = task.harness.backend.exec(task.storage, lang, code, timeout)
+    stderr = raw.stderr.decode("utf-8", "replace")
+    for row in referenced:
+        if row.state == "live":
+            task.accessed(row, "query", f"sandbox_exec.{lang}")
+        elif raw.exit_code != 0:
+            stderr = f"{row.tombstone()}\n{stderr}"
     admitted: Admitted = task.admit(
         [ToolResult(call_id=f"exec-{lang}", tool=f"sandbox_exec.{lang}", content=raw.stdout)]
     )[0]
     return ExecResult(
         exit_code=raw.exit_code,
         text=admitted.text,
-        stderr=bound_stderr(raw.stderr.decode("utf-8", "replace")),
+        stderr=bound_stderr(stderr),
         offloaded=admitted.offloaded,
         artifact=admitted.artifact,
         timed_out=raw.timed_out,
@@ -79,15 +89,11 @@ def run(
 
 def jq_command(task: Task, jq_filter: str, artifact: str | None) -> str:
     """The sh command that runs a jq filter over one artifact of the task."""
-    names = task.artifacts()
     if artifact is None:
         raise ExecError("jq needs an artifact to run over: pass artifact=ID (or --artifact ID)")
-    wanted = artifact.rsplit("/", 1)[-1]
-    matches = [n for n in names if n == wanted or n.rsplit(".", 1)[0] == wanted]
-    if not matches:
-        raise ExecError(f"task {task.id!r} has no artifact {artifact!r}: see task.artifacts()")
+    name = task.artifact(artifact).name
     # jq 1.6 has no `--`: a leading space keeps a filter like "-1" from reading as an option.
-    return f"jq {shell_quote(' ' + jq_filter)} /sandbox/offload/{matches[0]}"
+    return f"jq {shell_quote(' ' + jq_filter)} /sandbox/offload/{name}"
 
 
 def shell_quote(value: str) -> str:

@@ -11,6 +11,7 @@ from typing import Literal, get_args
 import platformdirs
 
 from spillbox.errors import ConfigError
+from spillbox.retention import Retention, parse_duration
 from spillbox.tokens import DEFAULT_ENCODING
 
 DEFAULT_PER_CALL_TOKENS = 6_000
@@ -20,6 +21,18 @@ DEFAULT_PREVIEW_CHARS = 100
 
 SandboxKind = Literal["none", "docker"]
 DEFAULT_SANDBOX: SandboxKind = "docker"
+DEFAULT_GC_INTERVAL = 600.0
+
+_RETENTION_ENV = {
+    "ttl": "SPILLBOX_TTL",
+    "ttl_from": "SPILLBOX_TTL_FROM",
+    "keep_after_close": "SPILLBOX_KEEP_AFTER_CLOSE",
+    "max_bytes": "SPILLBOX_MAX_BYTES",
+    "max_artifacts": "SPILLBOX_MAX_ARTIFACTS",
+    "on_quota": "SPILLBOX_ON_QUOTA",
+    "export": "SPILLBOX_EXPORT",
+    "redact": "SPILLBOX_REDACT",
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,10 @@ class Settings:
     sandbox: SandboxKind = DEFAULT_SANDBOX
     """"docker" (a hardened container per task) or "none" (store only, no code mode)."""
     policy: Policy = field(default_factory=Policy)
+    retention: Retention = field(default_factory=Retention)
+    """The retention policy of tasks opened without one of their own."""
+    gc_interval: float = DEFAULT_GC_INTERVAL
+    """Seconds between garbage collections while a harness runs (0: only at start; <0: never)."""
 
     def __post_init__(self) -> None:
         if self.sandbox not in get_args(SandboxKind):
@@ -78,7 +95,20 @@ class Settings:
             aggregate_tokens=_int(env, "SPILLBOX_AGGREGATE_TOKENS", DEFAULT_AGGREGATE_TOKENS),
             encoding=env.get("SPILLBOX_ENCODING") or DEFAULT_ENCODING,
         )
-        return replace(settings, policy=policy)
+        retention = Retention.from_options(
+            {name: env.get(var) or None for name, var in _RETENTION_ENV.items()}, Retention()
+        )
+        gc_interval = env.get("SPILLBOX_GC_INTERVAL")
+        return replace(
+            settings,
+            policy=policy,
+            retention=retention,
+            gc_interval=DEFAULT_GC_INTERVAL if not gc_interval else _gc_interval(gc_interval),
+        )
+
+
+def _gc_interval(raw: str) -> float:
+    return -1.0 if raw in ("never", "off") else parse_duration(raw)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

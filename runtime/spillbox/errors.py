@@ -21,3 +21,7 @@ class SandboxError(SpillboxError):
 
 class ExecError(SpillboxError):
     """A code-mode script could not be run (not: the script failed; that is an ExecResult)."""
+
+
+class RetentionError(SpillboxError):
+    """A retention policy refused the operation (quota, export, a deleted artifact)."""

@@ -10,20 +10,27 @@ with harness.task("t1") as task:
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from spillbox import codemode
+from spillbox import codemode, gc
+from spillbox.catalog import ArtifactRow, Catalog
 from spillbox.config import Policy, SandboxKind, Settings
+from spillbox.errors import ConfigError, RetentionError
 from spillbox.gate import Offload, Reason, ToolResult, admit
 from spillbox.notice import NoticeFacts, render
 from spillbox.profile import Shape, profile
+from spillbox.retention import Retention, redact
 from spillbox.sandbox import SandboxBackend, make_backend
-from spillbox.sandbox.storage import TaskStorage, safe_name
+from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
 from spillbox.tokens import TokenCount, TokenCounter, default_counter
 
 if TYPE_CHECKING:
@@ -70,9 +77,9 @@ class Admitted:
 
 
 class Harness:
-    """Gates tool results into per-task sandboxes.
+    """Gates tool results into per-task sandboxes, under each task's retention policy.
 
-    >>> harness = Harness(sandbox="none", home="/tmp/spillbox-doc")
+    >>> harness = Harness(sandbox="none", home="/tmp/spillbox-doc", gc_interval=-1)
     >>> with harness.task("t1") as task:
     ...     task.admit([ToolResult(call_id="c1", tool="echo", content="hi")])[0].offloaded
     False
@@ -86,18 +93,28 @@ class Harness:
         counter: TokenCounter | None = None,
         environ: Mapping[str, str] | None = None,
         options: SandboxOptions | None = None,
+        retention: Retention | None = None,
+        gc_interval: float | None = None,
     ) -> None:
         settings = Settings.from_env(environ)
-        if sandbox is not None:
-            settings = replace(settings, sandbox=sandbox)
-        if home is not None:
-            settings = replace(settings, home=Path(home).expanduser())
-        if policy is not None:
-            settings = replace(settings, policy=policy)
+        overrides: dict[str, Any] = {
+            "sandbox": sandbox,
+            "home": None if home is None else Path(home).expanduser(),
+            "policy": policy,
+            "retention": retention,
+            "gc_interval": gc_interval,
+        }
+        settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         self.settings = settings
         self.policy = settings.policy
         self.counter = counter or default_counter(settings.policy.encoding)
+        self.catalog = Catalog(settings.home)
         self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home, options)
+        self._stop = threading.Event()
+        self._collector: threading.Thread | None = None
+        if settings.gc_interval >= 0:
+            self._collector = threading.Thread(target=self._collect_periodically, daemon=True)
+            self._collector.start()
 
     def __enter__(self) -> Harness:
         return self
@@ -111,31 +128,95 @@ class Harness:
         self.close()
 
     def close(self) -> None:
-        """Let go of connections and engines; tasks and their sandboxes stay."""
+        """Let go of connections, engines and the collector; tasks and sandboxes stay."""
+        self._stop.set()
+        if self._collector is not None:
+            self._collector.join()
         self.backend.close()
+        self.catalog.close()
 
-    def task(self, task_id: str) -> Task:
-        """The task with this id: created on first use, re-attached after a restart."""
-        return Task(self, task_id)
+    def task(self, task_id: str, retention: Retention | None = None) -> Task:
+        """The task with this id: created on first use, re-attached after a restart.
+
+        retention applies from now on; without it a known task keeps its stored policy
+        and a new one gets the harness's default.
+        """
+        return Task(self, task_id, retention)
 
     def tasks(self) -> list[str]:
-        """Ids of every task this harness's home or engine holds anything for."""
-        return self.backend.list()
+        """Ids of every task that is open or closed but not yet deleted."""
+        return [row.task_id for row in self.catalog.tasks()]
 
-    def remove(self, task_id: str) -> None:
-        """Delete a task: its sandbox and all its storage."""
-        self.backend.destroy(self.backend.storage(task_id))
+    def remove(self, task_id: str, by: str = "manual") -> int:
+        """Delete a task: its sandbox, its storage and its unpinned artifacts.
+
+        Pinned artifacts (legal hold) stay with their storage; returns how many did.
+        """
+        storage = self.backend.storage(task_id)
+        held = 0
+        for row in self.catalog.artifacts(task_id):
+            if row.pinned:
+                held += 1
+            else:
+                self.delete_artifact(row, by)
+        if held:
+            self.backend.destroy_sandbox(storage)
+            self.catalog.close_task(task_id, delete_after=None)
+        else:
+            self.backend.destroy(storage)
+            if self.catalog.task(task_id) is not None:
+                self.catalog.mark_task_deleted(task_id, by)
+        return held
+
+    def delete_artifact(self, row: ArtifactRow, by: str) -> None:
+        """Delete an artifact everywhere: payload, derived copies, then a tombstone row."""
+        if row.pinned:
+            raise RetentionError(
+                f"artifact {row.artifact_id} of task {row.task_id} is pinned (legal hold): "
+                f"unpin it first (spillbox unpin {row.task_id} {row.artifact_id})"
+            )
+        if not self.catalog.tombstone(row.task_id, row.artifact_id, by):
+            return  # already deleted by someone else, or pinned in the meantime
+        storage = self.backend.storage(row.task_id)
+        storage.remove(row.name)
+        storage.remove_copies(row.sha256, row.bytes)
+        self.backend.forget_derived(storage)
+
+    def gc(self, dry_run: bool = False) -> list[gc.Removal]:
+        """Remove what retention says must go, and anything orphaned; idempotent."""
+        return gc.collect(self, dry_run=dry_run)
+
+    def _collect_periodically(self) -> None:
+        while True:
+            try:
+                gc.collect(self)
+            except Exception:  # noqa: BLE001 - a failed background sweep must not kill the harness
+                pass  # the next sweep (or `spillbox gc`) tries again and reports
+            if self.settings.gc_interval == 0 or self._stop.wait(self.settings.gc_interval):
+                return
 
 
 class Task:
-    """One task: its storage, its sandbox, and the gate in front of them."""
+    """One task: its storage, its sandbox, its retention policy, and the gate in front."""
 
-    def __init__(self, harness: Harness, task_id: str) -> None:
+    def __init__(self, harness: Harness, task_id: str, retention: Retention | None) -> None:
+        if not task_id:
+            raise ConfigError("a task id must not be empty")
         self.harness = harness
         self.id = task_id
+        catalog = harness.catalog
+        known = catalog.task(task_id)
+        if retention is None:
+            stored = known is not None and known.state != "deleted"
+            retention = (
+                Retention.from_json(known.retention)
+                if known and stored
+                else harness.settings.retention
+            )
+        self.retention = retention
+        catalog.open_task(task_id, retention.to_json())
         self.storage: TaskStorage = harness.backend.storage(task_id)
         self._lock = threading.Lock()
-        self._exec_count = 0
         harness.backend.create(self.storage)
 
     def __enter__(self) -> Task:
@@ -178,34 +259,152 @@ class Task:
     ) -> codemode.ExecResult:
         """Run a code-mode script in the task's sandbox; its output passes the gate.
 
-        artifact (an id or file name) is what a jq filter runs over.
+        artifact (an id, file name or call id) is what a jq filter runs over.
         """
         return codemode.run(self, lang, code, timeout, artifact)
 
-    def artifacts(self) -> list[str]:
-        """The file names of the task's payloads, oldest first."""
-        return self.storage.names()
+    def artifacts(self, include_deleted: bool = False) -> list[ArtifactRow]:
+        """The task's artifacts, oldest first (with tombstones if asked)."""
+        return self.harness.catalog.artifacts(self.id, include_deleted)
+
+    def artifact(self, ref: str) -> ArtifactRow:
+        """A live artifact by id, file name, path or call id; a clear error if gone."""
+        name = ref.rsplit("/", 1)[-1]
+        row = self.harness.catalog.find(self.id, name) or self.harness.catalog.find(self.id, ref)
+        if row is None:
+            raise ConfigError(
+                f"task {self.id!r} has no artifact {ref!r}: "
+                f"list them with `spillbox artifacts {self.id}`"
+            )
+        if row.state == "deleted":
+            raise RetentionError(row.tombstone())
+        return row
+
+    def read(self, ref: str, actor: str = "harness") -> bytes:
+        """The bytes of an artifact (logged as a read)."""
+        row = self.artifact(ref)
+        data = self.harness.backend.read(self.storage, row.name)
+        self.accessed(row, "read", actor)
+        return data
+
+    def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
+        """Log a read or query; with TTL counted from access, push the expiry back."""
+        expires = None
+        if self.retention.ttl_from == "access" and self.retention.ttl is not None:
+            expires = time.time() + self.retention.ttl
+        catalog = self.harness.catalog
+        catalog.touch(self.id, row.artifact_id, expires)
+        catalog.log(
+            self.id, row.artifact_id, "query" if action == "query" else "read", actor, detail
+        )
+
+    def export(self, ref: str, dest: str | Path, actor: str = "harness") -> Path:
+        """Copy an artifact out of the sandbox, if the policy allows; always logged."""
+        row = self.artifact(ref)
+        target = Path(dest).expanduser()
+        catalog = self.harness.catalog
+        if self.retention.export != "allow":
+            catalog.log(self.id, row.artifact_id, "export_denied", actor, str(target))
+            raise RetentionError(
+                f"export of {row.artifact_id} is denied by the retention policy of task {self.id}: "
+                "open the task with --export allow to permit it"
+            )
+        if target.is_dir():
+            target = target / row.name
+        if target.exists() or target.is_symlink():
+            raise ConfigError(f"{target} already exists: choose another destination")
+        data = self.harness.backend.read(self.storage, row.name)
+        if hashlib.sha256(data).hexdigest() != row.sha256:
+            raise RetentionError(
+                f"artifact {row.artifact_id} no longer matches its recorded sha256: not exported"
+            )
+        _write_new(target, data)
+        catalog.log(self.id, row.artifact_id, "export", actor, str(target))
+        return target
+
+    def pin(self, ref: str, actor: str = "harness") -> ArtifactRow:
+        """Put an artifact under legal hold: nothing deletes it until unpinned."""
+        row = self.artifact(ref)
+        self.harness.catalog.set_pinned(self.id, row.artifact_id, True, actor)
+        return self.artifact(row.artifact_id)
+
+    def unpin(self, ref: str, actor: str = "harness") -> ArtifactRow:
+        row = self.artifact(ref)
+        self.harness.catalog.set_pinned(self.id, row.artifact_id, False, actor)
+        return self.artifact(row.artifact_id)
+
+    def delete(self, ref: str, by: str = "manual") -> None:
+        """Delete one artifact now (payload, derived copies); its row stays as a tombstone."""
+        self.harness.delete_artifact(self.artifact(ref), by)
 
     def close(self, delete: bool = False) -> None:
-        """End the task; with delete=True its sandbox and all its storage are removed.
+        """End the task.
 
-        Without delete, the container stays (a restarted harness re-attaches to it by
-        label) until its expiry label says it may be collected.
+        delete=True removes it now: container, storage and unpinned artifacts. Otherwise
+        the policy's keep_after_close decides: 0 deletes now, N seconds lets garbage
+        collection delete it then, None keeps it until its artifacts expire. A restarted
+        harness re-attaches to a kept task's container by label.
         """
-        if delete:
-            self.harness.remove(self.id)
-        else:
-            self.harness.backend.release(self.storage)
+        keep = self.retention.keep_after_close
+        if delete or keep == 0:
+            self.harness.remove(self.id, by="manual" if delete else "keep_after_close")
+            return
+        self.harness.backend.release(self.storage)
+        self.harness.catalog.close_task(self.id, None if keep is None else time.time() + keep)
+
+    def _make_room(self, size: int) -> None:
+        """Enforce the quota before a new payload is stored: evict, or refuse."""
+        policy = self.retention
+        if policy.max_bytes is None and policy.max_artifacts is None:
+            return
+        if policy.max_bytes is not None and size > policy.max_bytes:
+            raise RetentionError(
+                f"a payload of {size} bytes is over task {self.id}'s quota of "
+                f"{policy.max_bytes} bytes: raise --max-bytes"
+            )
+        live = self.artifacts()
+
+        def over() -> bool:
+            used = sum(row.bytes for row in live)
+            too_many = policy.max_artifacts is not None and len(live) + 1 > policy.max_artifacts
+            too_big = policy.max_bytes is not None and used + size > policy.max_bytes
+            return too_many or too_big
+
+        if not over():
+            return
+        if policy.on_quota == "refuse":
+            raise RetentionError(
+                f"task {self.id} is at its quota ({len(live)} artifacts, "
+                f"{sum(r.bytes for r in live)} bytes): delete artifacts, or use --on-quota evict"
+            )
+        for row in [r for r in live if not r.pinned]:
+            self.harness.delete_artifact(row, by="quota")
+            live.remove(row)
+            if not over():
+                return
+        raise RetentionError(
+            f"task {self.id} is at its quota and every remaining artifact is pinned: "
+            "unpin some, or raise --max-bytes / --max-artifacts"
+        )
 
     def _offload(self, offload: Offload) -> tuple[Artifact, str]:
-        backend, policy = self.harness.backend, self.harness.policy
-        result = offload.result
-        shape = profile(offload.data, offload.text)
+        backend, policy, catalog = self.harness.backend, self.harness.policy, self.harness.catalog
+        result, data, text = offload.result, offload.data, offload.text
+        redactions = 0
+        if self.retention.redact and text is not None:
+            text, redactions = redact(text)
+            data = text.encode("utf-8") if redactions else data
+        shape = profile(data, text)
+        digest = hashlib.sha256(data).hexdigest()
         # The same bytes again (a tool repeating itself, a script printing an artifact
         # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
-        stored = self.storage.find_identical(offload.data) or backend.put(
-            self.storage, safe_name(result.call_id), shape.extension, offload.data
-        )
+        same = catalog.identical(self.id, digest, len(data))
+        if same is not None:
+            stored = StoredFile(same.name, self.storage.offload / same.name, digest, len(data))
+        else:
+            self._make_room(len(data))
+            stem = safe_name(result.call_id)
+            stored = backend.put(self.storage, stem, shape.extension, data)
         artifact = Artifact(
             id=stored.name.rsplit(".", 1)[0],
             task_id=self.id,
@@ -219,7 +418,32 @@ class Task:
             shape=shape,
             tokens=offload.tokens,
         )
-        text = offload.text or ""
+        if same is None:
+            now = time.time()
+            ttl = self.retention.ttl
+            catalog.add_artifact(
+                ArtifactRow(
+                    task_id=self.id,
+                    artifact_id=artifact.id,
+                    call_id=result.call_id,
+                    tool=result.tool,
+                    name=artifact.name,
+                    path=artifact.path,
+                    bytes=artifact.bytes,
+                    tokens=offload.tokens.tokens if offload.tokens else None,
+                    tokens_exact=offload.tokens.exact if offload.tokens else None,
+                    sha256=artifact.sha256,
+                    created_at=now,
+                    last_access_at=now,
+                    expires_at=None if ttl is None else now + ttl,
+                    state="live",
+                    pinned=False,
+                    redactions=redactions,
+                    deleted_at=None,
+                    deleted_by=None,
+                )
+            )
+        text = text or ""
         span = 2 * policy.preview_chars
         facts = NoticeFacts(
             reason=offload.reason,
@@ -233,10 +457,24 @@ class Task:
             start=text[:span],
             end=text[-span:],
             length=len(text),
-            binary_head=offload.data[:16] if offload.text is None else b"",
+            binary_head=data[:16] if offload.text is None else b"",
             hints=codemode.hints(artifact, backend.languages),
             per_call_limit=policy.per_call_tokens,
             aggregate_limit=policy.aggregate_tokens,
+            redactions=redactions if self.retention.redact else None,
         )
         notice = render(facts, self.harness.counter, policy.notice_max_tokens, policy.preview_chars)
         return artifact, notice
+
+
+def _write_new(target: Path, data: bytes) -> None:
+    """Write a new file atomically; never replace one that appeared meanwhile."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.link(tmp, target)
+    except FileExistsError:
+        raise ConfigError(f"{target} already exists: choose another destination") from None
+    finally:
+        os.unlink(tmp)

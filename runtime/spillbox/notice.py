@@ -78,6 +78,8 @@ class NoticeFacts:
     hints: Sequence[Hint] = ()
     per_call_limit: int = 0
     aggregate_limit: int = 0
+    redactions: int | None = None
+    """Secrets replaced before storing, when the task's policy redacts (None: it does not)."""
 
 
 def render(facts: NoticeFacts, counter: TokenCounter, max_tokens: int, preview_chars: int) -> str:
@@ -113,6 +115,7 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: i
         f"bytes: {facts.size}",
         f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
         f"sha256: {facts.sha256}",
+        *([] if facts.redactions is None else [f"redactions: {facts.redactions}"]),
         f"shape: {describe(facts.shape)}",
     ]
     if facts.shape.keys and keys_shown:
@@ -120,7 +123,7 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: i
         more = len(facts.shape.keys) - len(shown)
         label = "columns" if facts.shape.kind == "csv" else "keys"
         suffix = f" (+{more} more)" if more else ""
-        lines.append(f"{label}: {json.dumps(shown, ensure_ascii=False)}{suffix}")
+        lines.append(f"{label}: {_quote(shown)}{suffix}")
     if facts.shape.kind == "binary":
         lines.append(f"head_hex: {facts.binary_head[:BINARY_HEAD_BYTES].hex()}")
     elif preview_chars:
@@ -128,9 +131,9 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: i
             head, tail = facts.start, ""
         else:
             head, tail = cut_head(facts.start, preview_chars), cut_tail(facts.end, preview_chars)
-        lines.append(f"head: {json.dumps(head, ensure_ascii=False)}")
+        lines.append(f"head: {_quote(head)}")
         if tail:
-            lines.append(f"tail: {json.dumps(tail, ensure_ascii=False)}")
+            lines.append(f"tail: {_quote(tail)}")
     lines.extend(f"hint: {hint.lang}: {hint.code}" for hint in facts.hints)
     lines.append(CLOSE)
     return "\n".join(lines)
@@ -196,7 +199,19 @@ _ZWJ = "\u200d"
 def _one_line(value: str, max_chars: int) -> str:
     if len(value) > max_chars:
         value = cut_head(value, max_chars) + "…"
-    return value if value.isprintable() else json.dumps(value, ensure_ascii=False)
+    return value if value.isprintable() else _quote(value)
+
+
+# JSON leaves these raw, but they end a line for str.splitlines (and for some readers),
+# so a payload holding one could split a field in two or forge the next.
+_LINE_BREAKS_JSON_KEEPS = str.maketrans(
+    {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def _quote(value: object) -> str:
+    """JSON for one line of the notice: readable unicode, but never a line break."""
+    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
 
 
 def parse_notice(text: str) -> dict[str, str] | None:

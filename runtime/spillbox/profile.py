@@ -114,7 +114,9 @@ def _json_shape(data: bytes) -> Shape | None:
     elements = 0
     parsed_upto = 0
     try:
-        for event, value in ijson.basic_parse(stream, use_float=True):
+        # Numbers stay ints and Decimals (no use_float): yajl's floats and 64-bit ints
+        # overflow on valid JSON such as 1e400 or 2**64, which then looked like text.
+        for event, value in ijson.basic_parse(stream):
             if top is None:
                 top = event
                 if top not in ("start_array", "start_map"):

@@ -98,9 +98,9 @@ def count_within(counter: TokenCounter, text: str, limit: int) -> int | None:
         if size >= len(text):
             tokens = counter.count(text)
             return tokens if tokens <= limit else None
-        if counter.count(_prefix(text, size)) > limit:
+        if size >= cap:  # more than cap characters: over the limit, no need to count
             return None
-        if size >= cap:
+        if counter.count(_prefix(text, size)) > limit:
             return None
         size = min(size * 2, cap)
 

@@ -97,7 +97,7 @@ def test_large_output_becomes_an_artifact_and_reading_it_back_does_not_loop(
         assert out.offloaded and out.artifact is not None
         # The same bytes printed back point at the stored payload: no new copy, no loop.
         assert out.artifact.name == "c1.json"
-        assert task.artifacts() == ["c1.json"]
+        assert [row.name for row in task.artifacts()] == ["c1.json"]
         generated = task.exec("python", "print('word ' * 50000)")
         assert generated.offloaded and generated.artifact is not None
         assert generated.artifact.name.startswith("exec-python")

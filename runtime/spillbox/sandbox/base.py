@@ -74,8 +74,21 @@ class SandboxBackend(ABC):
         return None  # a backend without connections has nothing to let go
 
     @abstractmethod
+    def destroy_sandbox(self, storage: TaskStorage) -> None:
+        """Remove the task's sandbox (its container), keeping its storage."""
+
     def destroy(self, storage: TaskStorage) -> None:
         """Remove the task's sandbox and all its storage."""
+        self.destroy_sandbox(storage)
+        storage.destroy()
+
+    def forget_derived(self, storage: TaskStorage) -> None:
+        """Delete every derived copy of the task's payloads (rebuilt on demand)."""
+        storage.clear_cache()
+
+    def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
+        """Remove sandboxes of this home whose task is not in keep; what was (or would be)."""
+        return []
 
     def list(self) -> list[str]:
         """The ids of the tasks this backend holds anything for."""

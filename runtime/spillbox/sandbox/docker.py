@@ -344,17 +344,12 @@ class DockerBackend(SandboxBackend):
             pass  # the container is gone: so are its processes
 
     def _sql(self, storage: TaskStorage, container: Any, code: str, timeout: float) -> RawExec:
-        with self._lock:
-            engine = self._engines.get(storage.task_id)
-            if engine is None or engine.container_id != container.id:
-                engine = _SqlEngine(self.client, container)
-                self._engines[storage.task_id] = engine
         try:
-            response = engine.query(code, timeout, self.options.max_output_bytes)
+            engine, response = self._query(storage, container, code, timeout)
         except ExecError:
-            with self._lock:
-                self._engines.pop(storage.task_id, None)
-            raise
+            # The engine died (daemon restart, deletion, OOM) between queries: one retry
+            # with a fresh engine; a query that kills its engine again fails for real.
+            engine, response = self._query(storage, container, code, timeout)
         if response is None:  # hung past its timeout: kill it; the next query starts afresh
             with self._lock:
                 self._engines.pop(storage.task_id, None)
@@ -387,18 +382,62 @@ class DockerBackend(SandboxBackend):
             self._client.close()
             self._client = None
 
-    def destroy(self, storage: TaskStorage) -> None:
+    def _query(
+        self, storage: TaskStorage, container: Any, code: str, timeout: float
+    ) -> tuple[_SqlEngine, dict[str, Any] | None]:
+        with self._lock:
+            engine = self._engines.get(storage.task_id)
+            if engine is None or engine.container_id != container.id:
+                engine = _SqlEngine(self.client, container)
+                self._engines[storage.task_id] = engine
+        try:
+            return engine, engine.query(code, timeout, self.options.max_output_bytes)
+        except ExecError:
+            with self._lock:
+                self._engines.pop(storage.task_id, None)
+            engine.close()
+            raise
+
+    def destroy_sandbox(self, storage: TaskStorage) -> None:
         with self._lock:
             engine = self._engines.pop(storage.task_id, None)
             thread = self._starting.pop(storage.task_id, None)
         if thread is not None:
             thread.join()
+            self._start_errors.pop(storage.task_id, None)
         if engine is not None:
             engine.close()
         with docker_errors(f"removing the container of task {storage.task_id!r}"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 container.remove(force=True, v=True)
-        storage.destroy()
+
+    def forget_derived(self, storage: TaskStorage) -> None:
+        """Stop every SQL engine of the task (any process's: they hold the tables open),
+        then delete the tables; the next query starts an engine that reloads what is left."""
+        with self._lock:
+            engine = self._engines.pop(storage.task_id, None)
+        if engine is not None:
+            engine.close()
+        with docker_errors("stopping the SQL engine"):
+            for container in self._containers({LABEL_TASK: storage.task_id}):
+                if container.status == "running":
+                    _kill_engines(container)
+        super().forget_derived(storage)
+
+    def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
+        removed = []
+        with docker_errors("sweeping containers"):
+            for container in self._containers({}):
+                task_id = container.labels.get(LABEL_TASK, "")
+                if task_id in keep:
+                    continue
+                removed.append(f"container {container.name} (task {task_id})")
+                if not dry_run:
+                    try:
+                        container.remove(force=True, v=True)
+                    except docker.errors.NotFound:
+                        pass  # another collector got there first
+        return removed
 
     def _containers(self, labels: dict[str, str]) -> list[Any]:
         filters = [f"{k}={v}" for k, v in {LABEL_HOME: self._home_label, **labels}.items()]
@@ -422,6 +461,17 @@ def cleanup_home(home: Path) -> None:
             backend.storage(task_id).destroy()
     finally:
         backend.close()
+
+
+def _kill_engines(container: Any) -> None:
+    """Kill every SQL engine process in the container (as the engine's own uid)."""
+    try:
+        container.exec_run(
+            ["pkill", "-KILL", "-u", str(ENGINE_UID), "-f", SQL_ENGINE],
+            user=f"{ENGINE_UID}:{SANDBOX_GID}",
+        )
+    except docker.errors.DockerException:
+        pass  # the container is gone: so are its engines
 
 
 class _CappedBuffer:
@@ -552,14 +602,8 @@ class _SqlEngine:
         return line
 
     def kill(self) -> None:
-        """Kill the engine process (as its own uid) and drop the connection."""
-        try:
-            self._container.exec_run(
-                ["pkill", "-KILL", "-u", str(ENGINE_UID), "-f", SQL_ENGINE],
-                user=f"{ENGINE_UID}:{SANDBOX_GID}",
-            )
-        except docker.errors.DockerException:
-            pass  # the container is gone: so is the engine
+        """Kill the engine process and drop the connection."""
+        _kill_engines(self._container)
         self.close()
 
     def close(self) -> None:

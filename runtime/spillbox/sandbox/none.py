@@ -23,5 +23,5 @@ class NoneBackend(SandboxBackend):
             "code mode needs a sandbox: this harness uses sandbox='none'; use sandbox='docker'"
         )
 
-    def destroy(self, storage: TaskStorage) -> None:
-        storage.destroy()
+    def destroy_sandbox(self, storage: TaskStorage) -> None:
+        return None  # storage is all there is

@@ -41,13 +41,18 @@ def safe_name(ident: str) -> str:
     plus a digest of the full id, so distinct ids keep distinct names.
 
     >>> safe_name("call_1"), safe_name("../../etc/passwd")
-    ('call_1', 'etc_passwd-9a8a1bd3b5d8')
+    ('call_1', 'etc_passwd-3754d6cb3a38')
     """
     if _SAFE.fullmatch(ident):
         return ident
-    digest = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()
+    digest = hashlib.sha256(_encode_id(ident)).hexdigest()
     prefix = _UNSAFE_RUN.sub("_", ident).strip("_-")[:_NAME_PREFIX_CHARS] or "id"
     return f"{prefix}-{digest[:_NAME_DIGEST_CHARS]}"
+
+
+def _encode_id(ident: str) -> bytes:
+    # surrogatepass: a str id may hold lone surrogates, and must not fail the offload.
+    return ident.encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,8 @@ class TaskStorage:
                 folder.mkdir(parents=True, exist_ok=True)
             id_file = self.root / TASK_ID_FILE
             if not id_file.exists():
-                id_file.write_text(self.task_id, encoding="utf-8")
+                # Bytes, not text: text mode would turn "\r" into "\n" on reading back.
+                id_file.write_bytes(_encode_id(self.task_id))
         except OSError as e:
             raise StorageError(
                 f"cannot create task storage at {self.root}: {e.strerror}; "
@@ -134,14 +140,35 @@ class TaskStorage:
             raise StorageError(f"no payload {name!r} in task {self.task_id!r}")
         return path.read_bytes()
 
-    def find_identical(self, data: bytes) -> StoredFile | None:
-        """The stored payload with exactly these bytes, if any."""
-        size = len(data)
-        for name in self.names():
-            path = self.offload / name
-            if path.stat().st_size == size and path.read_bytes() == data:
-                return StoredFile(name, path, hashlib.sha256(data).hexdigest(), size)
-        return None
+    def remove(self, name: str) -> None:
+        """Delete offload/<name> if it is there (never following a link)."""
+        path = self.offload / name
+        if "/" not in name and (path.is_file() or path.is_symlink()):
+            path.unlink()
+
+    def remove_copies(self, sha256: str, size: int) -> list[Path]:
+        """Delete regular files in work/ with exactly these bytes: copies a script made."""
+        removed = []
+        for entry in _walk_files(self.work):
+            if entry.stat(follow_symlinks=False).st_size != size:
+                continue
+            digest = hashlib.sha256()
+            with open(entry.path, "rb", opener=_no_follow) as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            if digest.hexdigest() == sha256:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        return removed
+
+    def clear_cache(self) -> None:
+        """Delete every derived copy (query-engine tables) of the task's payloads."""
+        if self.cache.is_dir():
+            for entry in os.scandir(self.cache):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
 
     def names(self) -> list[str]:
         """The payload files of the task, oldest first."""
@@ -159,6 +186,25 @@ class TaskStorage:
             shutil.rmtree(self.root)
 
 
+def _walk_files(root: Path) -> list[os.DirEntry[str]]:
+    """Regular files under root, never entering or following a symlink."""
+    found: list[os.DirEntry[str]] = []
+    if not root.is_dir():
+        return found
+    stack = [str(root)]
+    while stack:
+        for entry in os.scandir(stack.pop()):
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                found.append(entry)
+    return found
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
 def stored_task_ids(home: Path) -> list[str]:
     """The ids of every task with storage under home."""
     tasks = home / TASKS_DIR
@@ -168,5 +214,5 @@ def stored_task_ids(home: Path) -> list[str]:
     for root in sorted(tasks.iterdir()):
         id_file = root / TASK_ID_FILE
         if root.is_dir() and id_file.is_file() and not id_file.is_symlink():
-            ids.append(id_file.read_text(encoding="utf-8"))
+            ids.append(id_file.read_bytes().decode("utf-8", "surrogatepass"))
     return ids

@@ -1,0 +1,139 @@
+"""Garbage collection: what retention says must go, and whatever was orphaned.
+
+Idempotent, and safe when several processes run it at once: a file lock in the home
+serialises collectors, and each deletion tolerates one that already happened. Runs when
+a harness starts, periodically while it runs, and as `spillbox gc [--dry-run]`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spillbox.sandbox.storage import INCOMING_DIR, TASK_ID_FILE, TASKS_DIR, TaskStorage
+
+if TYPE_CHECKING:
+    from spillbox.harness import Harness
+
+LOCK_FILE = "gc.lock"
+GRACE_SECONDS = 300.0
+"""Files younger than this are never orphans: their offload may still be under way."""
+
+
+@dataclass(frozen=True)
+class Removal:
+    """One thing garbage collection removed (or, in a dry run, would remove)."""
+
+    kind: str
+    """"artifact", "task", "container", "storage", "payload" or "temp"."""
+    task_id: str
+    what: str
+    reason: str
+
+
+def collect(harness: Harness, dry_run: bool = False, grace: float = GRACE_SECONDS) -> list[Removal]:
+    """Delete expired artifacts and tasks, then orphaned containers, folders and files."""
+    home = harness.settings.home
+    catalog = harness.catalog
+    removed: list[Removal] = []
+    now = time.time()
+    with _exclusive(home):
+        for row in catalog.expired(now):
+            removed.append(Removal("artifact", row.task_id, row.artifact_id, "ttl"))
+            if not dry_run:
+                harness.delete_artifact(row, by="ttl")
+        for task in catalog.tasks(("closed",)):
+            if task.delete_after is not None and task.delete_after <= now:
+                removed.append(Removal("task", task.task_id, task.task_id, "keep_after_close"))
+                if not dry_run:
+                    harness.remove(task.task_id, by="keep_after_close")
+        known = {task.task_id for task in catalog.tasks()}
+        for what in harness.backend.sweep(known, dry_run):
+            removed.append(Removal("container", "", what, "task unknown or deleted"))
+        removed.extend(_sweep_storage(harness, known, dry_run, now - grace))
+    return removed
+
+
+def _sweep_storage(
+    harness: Harness, known: set[str], dry_run: bool, older_than: float
+) -> Iterator[Removal]:
+    home = harness.settings.home
+    tasks_dir = home / TASKS_DIR
+    if not tasks_dir.is_dir():
+        return
+    for root in sorted(tasks_dir.iterdir()):
+        if not root.is_dir() or root.is_symlink():
+            continue
+        task_id = _task_id(root)
+        if task_id is None or task_id not in known:
+            if _mtime(root) < older_than and not _holds_pinned(harness, task_id):
+                yield Removal("storage", task_id or "", str(root), "task unknown or deleted")
+                if not dry_run:
+                    shutil.rmtree(root, ignore_errors=True)  # rmtree never follows links
+            continue
+        storage = harness.backend.storage(task_id)
+        yield from _sweep_task_files(harness, storage, dry_run, older_than)
+
+
+def _sweep_task_files(
+    harness: Harness, storage: TaskStorage, dry_run: bool, older_than: float
+) -> Iterator[Removal]:
+    """Temp files a crashed offload left, and payload files with no live catalog row."""
+    incoming = storage.root / INCOMING_DIR
+    if incoming.is_dir():
+        for entry in os.scandir(incoming):
+            if entry.stat(follow_symlinks=False).st_mtime < older_than:
+                yield Removal("temp", storage.task_id, entry.name, "interrupted offload")
+                if not dry_run:
+                    _unlink(Path(entry.path))
+    live = {row.name for row in harness.catalog.artifacts(storage.task_id)}
+    for name in storage.names():
+        path = storage.offload / name
+        if name not in live and _mtime(path) < older_than:
+            yield Removal("payload", storage.task_id, name, "no live catalog row")
+            if not dry_run:
+                storage.remove(name)
+
+
+def _holds_pinned(harness: Harness, task_id: str | None) -> bool:
+    return task_id is not None and any(row.pinned for row in harness.catalog.artifacts(task_id))
+
+
+def _task_id(root: Path) -> str | None:
+    id_file = root / TASK_ID_FILE
+    if not id_file.is_file() or id_file.is_symlink():
+        return None
+    return id_file.read_text(encoding="utf-8")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except FileNotFoundError:
+        return time.time()
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass  # another collector got there first
+
+
+@contextmanager
+def _exclusive(home: Path) -> Iterator[None]:
+    """One collector at a time per home; a second one waits, then finds little to do."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / LOCK_FILE, "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)

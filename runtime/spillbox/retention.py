@@ -1,0 +1,172 @@
+"""Retention policies: how long payloads live, how much they take, who may copy them out.
+
+    from spillbox import Harness, Retention
+    harness.task("t1", retention=Retention(ttl=parse_duration("24h"), max_bytes=parse_size("500M")))
+
+A task's policy is given when the task is first used and stored in the catalog; a later
+use with another policy replaces it and the change is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from spillbox.errors import ConfigError
+
+TtlFrom = Literal["created", "access"]
+OnQuota = Literal["evict", "refuse"]
+Export = Literal["allow", "deny"]
+
+DEFAULT_TTL_SECONDS = 7 * 24 * 3600.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration like 90s, 15m, 24h, 7d (a bare number is seconds).
+
+    >>> parse_duration("15m"), parse_duration("7d")
+    (900.0, 604800.0)
+    """
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigError(f"bad duration {text!r}: write it like 90s, 15m, 24h or 7d")
+    return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size like 500K, 20M, 1G (a bare number is bytes).
+
+    >>> parse_size("500K"), parse_size("1G")
+    (512000, 1073741824)
+    """
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"bad size {text!r}: write it like 500K, 20M or 1G")
+    return int(float(match[1]) * _SIZE_UNITS[match[2].upper()])
+
+
+@dataclass(frozen=True)
+class Retention:
+    """One task's retention policy.
+
+    >>> Retention(ttl=3600, max_artifacts=50, on_quota="refuse").export
+    'deny'
+    """
+
+    ttl: float | None = DEFAULT_TTL_SECONDS
+    """Seconds an artifact lives (None: until its task is deleted)."""
+    ttl_from: TtlFrom = "created"
+    """Count the TTL from creation, or from the last read or query."""
+    keep_after_close: float | None = None
+    """When the task closes: 0 deletes it now, N seconds keeps it that long, None keeps
+    it until its artifacts expire."""
+    max_bytes: int | None = None
+    """Most payload bytes the task may hold."""
+    max_artifacts: int | None = None
+    """Most artifacts the task may hold."""
+    on_quota: OnQuota = "evict"
+    """Over quota: evict the oldest unpinned artifacts, or refuse the new one."""
+    export: Export = "deny"
+    """Whether a payload may be copied out of the sandbox (each export is logged)."""
+    redact: bool = False
+    """Replace secrets (keys, tokens, private keys) before a payload is written."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttl", "keep_after_close"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must not be negative, got {value}")
+        for name in ("max_bytes", "max_artifacts"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be at least 1, got {value}")
+        _check_choice("ttl_from", self.ttl_from, ("created", "access"))
+        _check_choice("on_quota", self.on_quota, ("evict", "refuse"))
+        _check_choice("export", self.export, ("allow", "deny"))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Retention:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**data)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str | None], base: Retention) -> Retention:
+        """A policy from textual options (CLI flags, environment), over a base policy."""
+        fields: dict[str, Any] = asdict(base)
+        for name, value in options.items():
+            if value is None:
+                continue
+            if name in ("ttl", "keep_after_close"):
+                fields[name] = None if value in ("none", "forever") else parse_duration(value)
+            elif name == "max_bytes":
+                fields[name] = parse_size(value)
+            elif name == "max_artifacts":
+                fields[name] = _positive_int(name, value)
+            elif name == "redact":
+                fields[name] = value.lower() in ("1", "true", "yes", "on")
+            else:
+                fields[name] = value
+        return cls(**fields)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _positive_int(name: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
+
+
+# Secrets with a recognisable shape; each match becomes [REDACTED:<kind>].
+SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "private_key",
+        re.compile(
+            r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.DOTALL
+        ),
+    ),
+    ("aws_access_key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    (
+        "github_token",
+        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b"),
+    ),
+    ("slack_token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
+    ("api_key", re.compile(r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}\b")),
+    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("bearer", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{16,}=*")),
+    (
+        "password",
+        re.compile(r"(?i)(\"(?:password|passwd|secret|api_key|apikey|token)\"\s*:\s*)\"[^\"]+\""),
+    ),
+)
+
+
+def redact(text: str) -> tuple[str, int]:
+    """The text with every secret replaced, and how many were.
+
+    >>> redact("key AKIAABCDEFGHIJKLMNOP here")
+    ('key [REDACTED:aws_access_key] here', 1)
+    """
+    total = 0
+    for kind, pattern in SECRET_PATTERNS:
+        if kind == "password":
+            text, n = pattern.subn(lambda m: f'{m[1]}"[REDACTED:password]"', text)
+        else:
+            text, n = pattern.subn(f"[REDACTED:{kind}]", text)
+        total += n
+    return text, total

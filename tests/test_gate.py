@@ -1,0 +1,224 @@
+"""The gate's rules, with a fake offload (no storage): per-call and aggregate thresholds,
+largest first, errors last, ties by call order, deterministic."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spillbox.config import Policy
+from spillbox.gate import Decision, Offload, ToolResult, admit
+from spillbox.tokens import TokenCount, TokenCounter, default_counter
+
+
+class FakeStore:
+    """Records what the gate asked to offload; the notice is one short line."""
+
+    def __init__(self) -> None:
+        self.calls: list[Offload] = []
+
+    def __call__(self, offload: Offload) -> tuple[object, str]:
+        self.calls.append(offload)
+        return offload.data, f"[offloaded {offload.result.call_id}: {offload.reason}]"
+
+
+def gate(results: Sequence[ToolResult], policy: Policy) -> tuple[list[Decision], FakeStore]:
+    store = FakeStore()
+    return admit(results, policy, default_counter(), store), store
+
+
+def words(n: int, word: str = "token") -> str:
+    return " ".join([word] * n)
+
+
+def check_invariants(
+    results: Sequence[ToolResult], decisions: Sequence[Decision], policy: Policy, counter: TokenCounter
+) -> None:
+    """Every rule of the gate, checked from the outside."""
+    assert [d.result for d in decisions] == list(results)
+    sizes: dict[int, int] = {}
+    for i, (result, decision) in enumerate(zip(results, decisions, strict=True)):
+        _, text = result.payload()
+        assert decision.inline_tokens == counter.count(decision.text)
+        if text is None:
+            assert decision.reason == "binary"
+            continue
+        size = counter.count(text)
+        if size > policy.per_call_tokens:
+            assert decision.reason == "per_call"
+            continue
+        sizes[i] = size
+        if decision.reason is None:
+            assert decision.text == text
+            assert decision.tokens == TokenCount(size, exact=True)
+        else:
+            assert decision.reason == "aggregate"
+            assert decision.tokens == TokenCount(size, exact=True)
+
+    # No inline result is over the per-call threshold.
+    assert all(d.inline_tokens <= policy.per_call_tokens for d in decisions if d.reason is None)
+
+    # The aggregate rule offloads a prefix of: non-errors before errors, largest first,
+    # ties by call order; the shortest prefix that fits, or all of them if none does.
+    order = sorted(sizes, key=lambda i: (results[i].is_error, -sizes[i], i))
+    offloaded = {i for i in sizes if decisions[i].reason == "aggregate"}
+    k = len(offloaded)
+    assert offloaded == set(order[:k])
+    inline_total = sum(d.inline_tokens for d in decisions)
+    if k < len(order):
+        assert inline_total <= policy.aggregate_tokens
+    if k:
+        last = order[k - 1]
+        before_last = inline_total - decisions[last].inline_tokens + sizes[last]
+        assert before_last > policy.aggregate_tokens
+
+
+def test_empty_step() -> None:
+    assert gate([], Policy())[0] == []
+
+
+def test_small_results_stay_inline_untouched() -> None:
+    results = [ToolResult("c1", "echo", "hello"), ToolResult("c2", "echo", b"bytes ok")]
+    decisions, store = gate(results, Policy())
+    assert [d.text for d in decisions] == ["hello", "bytes ok"]
+    assert [d.reason for d in decisions] == [None, None]
+    assert [d.artifact for d in decisions] == [None, None]
+    assert store.calls == []
+
+
+def test_a_result_over_the_per_call_threshold_is_offloaded() -> None:
+    big = words(7_000)
+    decisions, store = gate([ToolResult("c1", "read", big)], Policy())
+    (decision,) = decisions
+    assert decision.reason == "per_call"
+    assert decision.text == "[offloaded c1: per_call]"
+    assert decision.tokens is not None and decision.tokens.tokens > 6_000
+    assert store.calls[0].data == big.encode()
+
+
+def test_exactly_at_the_per_call_threshold_stays_inline() -> None:
+    text = words(100)
+    exact = default_counter().count(text)
+    decisions, _ = gate([ToolResult("c1", "t", text)], Policy(per_call_tokens=exact))
+    assert decisions[0].reason is None
+    decisions, _ = gate([ToolResult("c1", "t", text)], Policy(per_call_tokens=exact - 1))
+    assert decisions[0].reason == "per_call"
+
+
+def test_aggregate_offloads_largest_first_until_it_fits() -> None:
+    results = [
+        ToolResult("small", "t", words(1_000)),
+        ToolResult("large", "t", words(5_000)),
+        ToolResult("medium", "t", words(3_000)),
+        ToolResult("tiny", "t", words(500)),
+    ]
+    decisions, store = gate(results, Policy())
+    assert [d.reason for d in decisions] == [None, "aggregate", None, None]
+    assert [o.result.call_id for o in store.calls] == ["large"]
+    assert sum(d.inline_tokens for d in decisions) <= 10_000
+    check_invariants(results, decisions, Policy(), default_counter())
+
+
+def test_errors_are_offloaded_only_after_every_non_error() -> None:
+    results = [
+        ToolResult("err", "t", words(5_000), is_error=True),
+        ToolResult("ok1", "t", words(3_000)),
+        ToolResult("ok2", "t", words(3_000)),
+    ]
+    decisions, _ = gate(results, Policy())
+    # 11,000 tokens: one offload is enough, and it is not the (largest) error.
+    assert [d.reason for d in decisions] == [None, "aggregate", None]
+
+
+def test_ties_go_by_call_order() -> None:
+    results = [ToolResult(f"c{i}", "t", words(4_000)) for i in range(3)]
+    decisions, _ = gate(results, Policy())
+    assert [d.reason for d in decisions] == ["aggregate", None, None]
+
+
+def test_notices_count_toward_the_aggregate() -> None:
+    # Two per-call offloads leave two notices; the inline rest must fit beside them.
+    results = [
+        ToolResult("big1", "t", words(7_000)),
+        ToolResult("big2", "t", words(7_000)),
+        ToolResult("fits", "t", words(50)),
+    ]
+    counter = default_counter()
+    notices = 2 * counter.count("[offloaded big1: per_call]")
+    policy = Policy(aggregate_tokens=notices + counter.count(words(50)) - 1)
+    decisions, _ = gate(results, policy)
+    assert [d.reason for d in decisions] == ["per_call", "per_call", "aggregate"]
+
+
+def test_when_notices_outweigh_results_everything_is_offloaded() -> None:
+    # The aggregate cannot be reached: each notice is larger than its result. The gate
+    # still offloads every result (in order) and the total stays over the threshold.
+    results = [ToolResult(f"c{i}", "t", "ok") for i in range(5)]
+    policy = Policy(aggregate_tokens=3)
+    decisions, _ = gate(results, policy)
+    assert all(d.reason == "aggregate" for d in decisions)
+    assert sum(d.inline_tokens for d in decisions) > policy.aggregate_tokens
+    check_invariants(results, decisions, policy, default_counter())
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\x89PNG\r\n\x1a\n\x00\x00", b"valid \xff\xfe invalid", "lone surrogate \udc80"],
+    ids=["png", "invalid-utf8", "surrogate-str"],
+)
+def test_non_utf8_results_are_offloaded_as_binary_whatever_their_size(content: str | bytes) -> None:
+    decisions, store = gate([ToolResult("c1", "t", content)], Policy())
+    assert decisions[0].reason == "binary"
+    assert decisions[0].tokens is None
+    expected = content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass")
+    assert store.calls[0].data == expected
+    assert store.calls[0].text is None
+
+
+def test_payload_of_str_and_bytes() -> None:
+    assert ToolResult("c", "t", "héllo").payload() == ("héllo".encode(), "héllo")
+    assert ToolResult("c", "t", "héllo".encode()).payload() == ("héllo".encode(), "héllo")
+    assert ToolResult("c", "t", b"\xff").payload() == (b"\xff", None)
+
+
+contents = st.one_of(
+    st.integers(min_value=0, max_value=120).map(words),
+    st.integers(min_value=0, max_value=60).map(lambda n: words(n, "中文")),
+    st.sampled_from(["", "ok", words(40), words(40)]),  # repeats make ties
+    st.binary(max_size=20).filter(lambda b: b[:1] == b"\xff"),
+    st.text(max_size=200),
+)
+steps = st.lists(st.tuples(contents, st.booleans()), max_size=8).map(
+    lambda items: [
+        ToolResult(f"c{i}", "tool", content, is_error=is_error)
+        for i, (content, is_error) in enumerate(items)
+    ]
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    results=steps,
+    per_call=st.integers(min_value=1, max_value=150),
+    aggregate=st.integers(min_value=1, max_value=500),
+)
+def test_gate_invariants_hold_for_any_step(
+    results: list[ToolResult], per_call: int, aggregate: int
+) -> None:
+    policy = Policy(per_call_tokens=per_call, aggregate_tokens=aggregate)
+    decisions, _ = gate(results, policy)
+    check_invariants(results, decisions, policy, default_counter())
+
+
+@settings(max_examples=100, deadline=None)
+@given(results=steps, aggregate=st.integers(min_value=1, max_value=500))
+def test_same_step_gives_the_same_decisions(results: list[ToolResult], aggregate: int) -> None:
+    policy = Policy(per_call_tokens=100, aggregate_tokens=aggregate)
+    first, _ = gate(results, policy)
+    second, _ = gate(list(results), policy)
+    assert [(d.text, d.reason, d.inline_tokens) for d in first] == [
+        (d.text, d.reason, d.inline_tokens) for d in second
+    ]

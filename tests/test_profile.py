@@ -1,0 +1,209 @@
+"""Profiling: what a payload is, read from a bounded part of it, never crashing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spillbox.notice import describe
+from spillbox.profile import EXTENSIONS, PROFILE_BUDGET_BYTES, Shape, profile
+
+PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00"
+
+
+def shape_of(data: bytes) -> Shape:
+    try:
+        text: str | None = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return profile(data, text)
+
+
+def test_json_array_of_objects_lists_keys_first_seen_first() -> None:
+    data = json.dumps([{"id": 1, "title": "a"}, {"id": 2, "body": "b"}], indent=2).encode()
+    shape = shape_of(data)
+    assert shape == Shape(
+        kind="json_array", count=2, count_exact=True, element="objects", keys=("id", "title", "body")
+    )
+    assert shape.extension == "json"
+    assert describe(shape) == "JSON array of 2 objects"
+
+
+@pytest.mark.parametrize(
+    ("value", "element"),
+    [([1, 2.5, 3], "numbers"), (["a", "b"], "strings"), ([[1], [2]], "arrays"), ([1, "a"], "mixed values")],
+)
+def test_json_array_element_kinds(value: list[Any], element: str) -> None:
+    shape = shape_of(json.dumps(value).encode())
+    assert (shape.kind, shape.count, shape.element) == ("json_array", len(value), element)
+
+
+def test_empty_json_array() -> None:
+    assert describe(shape_of(b"[]")) == "JSON array of 0 elements"
+
+
+def test_json_object_keys_and_their_types() -> None:
+    data = json.dumps({"items": [1], "meta": {"a": 1}, "name": "x", "n": 1, "ok": True, "z": None})
+    shape = shape_of(data.encode())
+    assert shape.kind == "json_object"
+    assert shape.keys == ("items", "meta", "name", "n", "ok", "z")
+    assert shape.nested == {
+        "items": "array",
+        "meta": "object",
+        "name": "string",
+        "n": "number",
+        "ok": "boolean",
+        "z": "null",
+    }
+    assert describe(shape) == "JSON object with 6 keys"
+
+
+def test_json_object_nested_keys_are_not_top_level_keys() -> None:
+    data = json.dumps({"": {"inner": 1}, "a.b": [{"deep": 2}]}).encode()
+    shape = shape_of(data)
+    assert shape.keys == ("", "a.b")
+    assert shape.nested == {"": "object", "a.b": "array"}
+
+
+@pytest.mark.parametrize("data", [b"false", b"true", b"null", b"-12.5", b'"a string"', b" 42\n"])
+def test_json_scalars(data: bytes) -> None:
+    assert shape_of(data).kind == "json_scalar"
+
+
+def test_numbers_beyond_64_bits_are_still_json() -> None:
+    data = json.dumps({"id": 2**64, "amount": 1e308, "tiny": 1e-400, "big": [10**30]}).encode()
+    data = data.replace(b"1e+308", b"1e400")
+    assert shape_of(data).kind == "json_object"
+    assert shape_of(b"[18446744073709551616, 1e400]").count == 2
+
+
+def test_ndjson_records_and_keys() -> None:
+    data = b'{"a": 1}\n{"b": 2}\n\n{"a": 3, "c": [1]}\n'
+    shape = shape_of(data)
+    assert (shape.kind, shape.count, shape.keys) == ("ndjson", 3, ("a", "b", "c"))
+    assert shape.extension == "ndjson"
+    assert describe(shape) == "NDJSON, 3 records"
+
+
+def test_csv_columns_and_rows() -> None:
+    shape = shape_of(b"id,name,score\n1,ann,3\n2,bob,4\n3,cy,5\n")
+    assert (shape.kind, shape.count, shape.keys) == ("csv", 3, ("id", "name", "score"))
+    assert describe(shape) == "CSV, 3 rows, 3 columns"
+
+
+def test_tsv_is_csv_with_tabs() -> None:
+    shape = shape_of(b"id\tname\n1\tann\n2\tbob\n")
+    assert (shape.kind, shape.keys) == ("csv", ("id", "name"))
+
+
+def test_text_lines() -> None:
+    shape = shape_of("line one\nzweite Zeile\n第三行\nno newline at end".encode())
+    assert (shape.kind, shape.count) == ("text", 4)
+    assert shape.extension == "txt"
+    assert describe(shape) == "text, 4 lines"
+
+
+def test_empty_payload_is_empty_text() -> None:
+    assert describe(shape_of(b"")) == "text, 0 lines"
+
+
+def test_png_header_is_binary_with_sniffed_type() -> None:
+    shape = shape_of(PNG_HEADER + bytes(range(256)))
+    assert (shape.kind, shape.mime) == ("binary", "image/png")
+    assert shape.extension == "bin"
+    assert describe(shape) == "binary (image/png)"
+
+
+def test_invalid_utf8_without_magic_is_binary() -> None:
+    shape = shape_of(b"abc\xff\xfe\xfddef")
+    assert shape.kind == "binary"
+    assert describe(shape).startswith("binary (")
+
+
+def test_large_array_count_is_an_estimate_that_says_so() -> None:
+    items = [{"id": i, "body": "word " * (i % 50)} for i in range(20_000)]
+    data = json.dumps(items, indent=2).encode()
+    assert len(data) > 4 * PROFILE_BUDGET_BYTES
+    shape = shape_of(data)
+    assert shape.kind == "json_array"
+    assert not shape.count_exact
+    assert shape.count is not None
+    assert abs(shape.count - len(items)) <= 0.25 * len(items)
+    assert describe(shape).startswith("JSON array of about ")
+    assert shape.keys == ("id", "body")
+
+
+def test_large_object_reports_keys_seen_so_far() -> None:
+    data = json.dumps({f"key{i}": list(range(40)) for i in range(20_000)}).encode()
+    shape = shape_of(data)
+    assert shape.kind == "json_object"
+    assert not shape.count_exact
+    assert 0 < len(shape.keys) < 20_000
+    assert describe(shape).endswith("+ keys")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[" * 50_000,  # unterminated and deep: a path per event would be quadratic
+        b"[" * 50_000 + b"]" * 50_000,
+        b'{"a":' * 20_000 + b"1" + b"}" * 20_000,
+        b'{"a": 1}\n' + b"[" * 5_000 + b"\n",  # NDJSON-like, too deep for json.loads
+        b"a" * 200_000 + b"\nsecond line\n",  # a line over csv's field size limit
+        b'"' + b"a" * 200_000 + b"\nb,c\n",
+    ],
+    ids=["deep-open", "deep-valid", "deep-object", "deep-ndjson", "long-line", "long-quoted"],
+)
+def test_pathological_payloads_are_described_not_crashed_on(data: bytes) -> None:
+    shape = shape_of(data)
+    assert shape.extension in EXTENSIONS.values()
+    assert describe(shape)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.lists(json_values, max_size=8), indent=st.sampled_from([None, 2]))
+def test_any_small_json_array_is_counted_exactly(value: list[Any], indent: int | None) -> None:
+    shape = shape_of(json.dumps(value, indent=indent, ensure_ascii=False).encode())
+    assert (shape.kind, shape.count, shape.count_exact) == ("json_array", len(value), True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=10), json_values, max_size=8))
+def test_any_small_json_object_lists_its_keys_in_order(value: dict[str, Any]) -> None:
+    shape = shape_of(json.dumps(value, ensure_ascii=False).encode())
+    assert shape.kind == "json_object"
+    assert shape.keys == tuple(value)
+    assert set(shape.nested) == set(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.one_of(
+        st.binary(max_size=400),
+        st.text(max_size=400).map(lambda s: s.encode("utf-8", "surrogatepass")),
+        st.lists(st.sampled_from(["[", "]", "{", "}", '"a":', "1", ",", "\n", " ", '"'])).map(
+            lambda parts: "".join(parts).encode()
+        ),
+    )
+)
+def test_profile_never_raises_and_binary_means_not_utf8(data: bytes) -> None:
+    shape = shape_of(data)
+    assert shape.extension in EXTENSIONS.values()
+    assert describe(shape)
+    try:
+        data.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError:
+        utf8 = False
+    assert (shape.kind == "binary") == (not utf8)
