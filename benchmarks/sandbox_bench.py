@@ -232,7 +232,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         client.close()
     home = Path(tempfile.mkdtemp(prefix="spillbox-bench-"))
     try:
-        offload = bench_offload(home, reps=1 if quick else 3)
+        offload = bench_offload(home, reps=1 if quick else 5)
         container = bench_container(home, starts=1 if quick else 3, reps=3 if quick else 10)
         sql = bench_sql(
             home,

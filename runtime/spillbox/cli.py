@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spillbox.catalog import ArtifactRow
 from spillbox.codemode import LANGS
 from spillbox.config import SandboxKind
 from spillbox.errors import ConfigError, SpillboxError
 from spillbox.gate import ToolResult
-from spillbox.harness import Admitted, Harness
+from spillbox.harness import Admitted, Harness, Task
+from spillbox.retention import Retention
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,12 +52,14 @@ def _parser() -> argparse.ArgumentParser:
         "offload", parents=[common], help="admit files as one step's tool results"
     )
     offload.add_argument("--task", required=True)
+    _retention_flags(offload)
     offload.add_argument("--tool", help="tool name (default: each file's stem)")
     offload.add_argument("files", nargs="+", metavar="FILE")
     offload.set_defaults(func=_offload)
 
     exec_ = commands.add_parser("exec", parents=[common], help="run a code-mode script")
     exec_.add_argument("--task", required=True)
+    _retention_flags(exec_)
     exec_.add_argument("--lang", required=True, choices=LANGS)
     exec_.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     exec_.add_argument("--artifact", help="the artifact a jq filter runs over (id or file name)")
@@ -66,6 +73,35 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("task", metavar="TASK")
     rm.set_defaults(func=_rm)
 
+    artifacts = commands.add_parser("artifacts", parents=[common], help="list a task's artifacts")
+    artifacts.add_argument("task", metavar="TASK")
+    artifacts.add_argument("--all", action="store_true", help="include deleted ones (tombstones)")
+    artifacts.set_defaults(func=_artifacts)
+
+    export = commands.add_parser(
+        "export", parents=[common], help="copy an artifact out (if the policy allows; logged)"
+    )
+    export.add_argument("task", metavar="TASK")
+    export.add_argument("artifact", metavar="ARTIFACT", help="artifact id or call id")
+    export.add_argument("dest", metavar="DEST")
+    export.set_defaults(func=_export)
+
+    for name, pinned in (("pin", True), ("unpin", False)):
+        command = commands.add_parser(
+            name, parents=[common], help=f"{name} an artifact (legal hold)"
+        )
+        command.add_argument("task", metavar="TASK")
+        command.add_argument("artifact", metavar="ARTIFACT", help="artifact id or call id")
+        command.set_defaults(func=_pin, pinned=pinned)
+
+    gc = commands.add_parser("gc", parents=[common], help="collect expired and orphaned things")
+    gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    gc.set_defaults(func=_gc)
+
+    audit = commands.add_parser("audit", parents=[common], help="a task's access log")
+    audit.add_argument("task", metavar="TASK")
+    audit.set_defaults(func=_audit)
+
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
     build = image_commands.add_parser("build", help="build the sandbox image if missing")
@@ -75,9 +111,55 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _retention_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("retention (applies to the task from now on)")
+    group.add_argument("--ttl", metavar="DURATION", help="artifact lifetime: 90s, 15m, 24h, 7d")
+    group.add_argument("--ttl-from", choices=["created", "access"])
+    group.add_argument(
+        "--keep-after-close", metavar="DURATION", help="0 deletes the task when it closes"
+    )
+    group.add_argument("--max-bytes", metavar="SIZE", help="quota: 500K, 20M, 1G")
+    group.add_argument("--max-artifacts", metavar="N")
+    group.add_argument("--on-quota", choices=["evict", "refuse"])
+    group.add_argument("--export", choices=["allow", "deny"])
+    group.add_argument("--redact", action="store_const", const="true", help="redact secrets")
+
+
+_RETENTION_FLAGS = (
+    "ttl", "ttl_from", "keep_after_close", "max_bytes", "max_artifacts", "on_quota", "export",
+    "redact",
+)  # fmt: skip
+
+
 def _harness(args: argparse.Namespace) -> Harness:
     sandbox: SandboxKind | None = args.sandbox
-    return Harness(sandbox=sandbox, home=args.home)
+    # A CLI process is short-lived: collection runs as `spillbox gc`, not in the background.
+    return Harness(sandbox=sandbox, home=args.home, gc_interval=-1)
+
+
+def _task(args: argparse.Namespace, harness: Harness) -> Task:
+    """The task named on the command line, with the retention flags given, if any."""
+    flags = {name: getattr(args, name, None) for name in _RETENTION_FLAGS}
+    retention = None
+    if any(value is not None for value in flags.values()):
+        known = harness.catalog.task(args.task)
+        base = (
+            Retention.from_json(known.retention)
+            if known and known.state != "deleted"
+            else harness.settings.retention
+        )
+        retention = Retention.from_options(flags, base)
+    return harness.task(args.task, retention=retention)
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, ensure_ascii=False) if args.json else text)
+
+
+def _iso(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
 def _offload(args: argparse.Namespace) -> int:
@@ -89,7 +171,7 @@ def _offload(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ConfigError(f"cannot read {name}: {e.strerror}") from None
         results.append(ToolResult(call_id=path.name, tool=args.tool or path.stem, content=content))
-    with _harness(args).task(args.task) as task:
+    with _harness(args) as harness, _task(args, harness) as task:
         admitted = task.admit(results)
     for item in admitted:
         print(json.dumps(_admitted_json(item), ensure_ascii=False) if args.json else item.text)
@@ -115,8 +197,8 @@ def _admitted_json(item: Admitted) -> dict[str, Any]:
 
 def _exec(args: argparse.Namespace) -> int:
     code = sys.stdin.read() if args.code == "-" else args.code
-    task = _harness(args).task(args.task)
-    result = task.exec(args.lang, code, timeout=args.timeout, artifact=args.artifact)
+    with _harness(args) as harness, _task(args, harness) as task:
+        result = task.exec(args.lang, code, timeout=args.timeout, artifact=args.artifact)
     if args.json:
         print(
             json.dumps(
@@ -146,14 +228,119 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    ids = _harness(args).tasks()
-    print(json.dumps(ids) if args.json else "\n".join(ids))
+    with _harness(args) as harness:
+        rows = harness.catalog.tasks()
+        data = []
+        for row in rows:
+            live = harness.catalog.artifacts(row.task_id)
+            data.append(
+                {
+                    "task": row.task_id,
+                    "state": row.state,
+                    "created": _iso(row.created_at),
+                    "closed": _iso(row.closed_at),
+                    "delete_after": _iso(row.delete_after),
+                    "artifacts": len(live),
+                    "bytes": sum(a.bytes for a in live),
+                    "retention": json.loads(row.retention),
+                }
+            )
+    lines = [
+        f"{d['task']}\t{d['state']}\t{d['artifacts']} artifacts\t{d['bytes']} bytes" for d in data
+    ]
+    _print(args, data, "\n".join(lines) if lines else "no tasks")
     return 0
 
 
 def _rm(args: argparse.Namespace) -> int:
-    _harness(args).remove(args.task)
-    print(json.dumps({"removed": args.task}) if args.json else f"removed task {args.task}")
+    with _harness(args) as harness:
+        held = harness.remove(args.task)
+    text = f"removed task {args.task}"
+    if held:
+        text += f"; {held} pinned artifacts kept under legal hold (unpin, then rm again)"
+    _print(args, {"removed": args.task, "pinned_kept": held}, text)
+    return 0
+
+
+def _artifact_json(row: ArtifactRow) -> dict[str, Any]:
+    return {
+        "id": row.artifact_id,
+        "call_id": row.call_id,
+        "tool": row.tool,
+        "path": row.path,
+        "bytes": row.bytes,
+        "tokens": row.tokens,
+        "sha256": row.sha256,
+        "created": _iso(row.created_at),
+        "last_access": _iso(row.last_access_at),
+        "expires": _iso(row.expires_at),
+        "state": row.state,
+        "pinned": row.pinned,
+        "redactions": row.redactions,
+        "deleted": _iso(row.deleted_at),
+        "deleted_by": row.deleted_by,
+    }
+
+
+def _artifacts(args: argparse.Namespace) -> int:
+    with _harness(args) as harness:
+        if harness.catalog.task(args.task) is None:
+            raise ConfigError(f"no task {args.task!r}: see `spillbox tasks`")
+        rows = harness.catalog.artifacts(args.task, include_deleted=args.all)
+    data = [_artifact_json(row) for row in rows]
+    lines = [
+        f"{d['id']}\t{d['state']}{' pinned' if d['pinned'] else ''}\t{d['bytes']} bytes\t"
+        f"{d['path']}\texpires {d['expires'] or 'never'}"
+        for d in data
+    ]
+    _print(args, data, "\n".join(lines) if lines else "no artifacts")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    with _harness(args) as harness, harness.existing(args.task) as task:
+        target = task.export(args.artifact, args.dest, actor=f"cli:{getpass.getuser()}")
+    _print(args, {"exported": args.artifact, "dest": str(target)}, f"exported to {target}")
+    return 0
+
+
+def _pin(args: argparse.Namespace) -> int:
+    with _harness(args) as harness, harness.existing(args.task) as task:
+        actor = f"cli:{getpass.getuser()}"
+        row = task.pin(args.artifact, actor) if args.pinned else task.unpin(args.artifact, actor)
+    word = "pinned" if row.pinned else "unpinned"
+    _print(args, _artifact_json(row), f"{word} {row.artifact_id}")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    with _harness(args) as harness:
+        removals = harness.gc(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    data = [asdict(r) for r in removals]
+    lines = [f"{verb} {r.kind} {r.what} ({r.reason})" for r in removals]
+    _print(args, data, "\n".join(lines) if lines else "nothing to remove")
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    with _harness(args) as harness:
+        entries = harness.catalog.audit(args.task)
+    data = [
+        {
+            "at": _iso(e.at),
+            "action": e.action,
+            "artifact": e.artifact_id,
+            "actor": e.actor,
+            "detail": e.detail,
+        }
+        for e in entries
+    ]
+    lines = [
+        f"{d['at']}\t{d['action']}\t{d['artifact'] or '-'}\t{d['actor']}\t{d['detail']}"
+        for d in data
+    ]
+    _print(args, data, "\n".join(lines) if lines else "no entries")
     return 0
 
 

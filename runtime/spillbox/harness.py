@@ -143,6 +143,13 @@ class Harness:
         """
         return Task(self, task_id, retention)
 
+    def existing(self, task_id: str) -> Task:
+        """A known task, for reading, exporting or pinning: neither reopened nor started."""
+        row = self.catalog.task(task_id)
+        if row is None or row.state == "deleted":
+            raise ConfigError(f"no task {task_id!r}: see `spillbox tasks`")
+        return Task(self, task_id, Retention.from_json(row.retention), open_task=False)
+
     def tasks(self) -> list[str]:
         """Ids of every task that is open or closed but not yet deleted."""
         return [row.task_id for row in self.catalog.tasks()]
@@ -199,7 +206,13 @@ class Harness:
 class Task:
     """One task: its storage, its sandbox, its retention policy, and the gate in front."""
 
-    def __init__(self, harness: Harness, task_id: str, retention: Retention | None) -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        task_id: str,
+        retention: Retention | None,
+        open_task: bool = True,
+    ) -> None:
         if not task_id:
             raise ConfigError("a task id must not be empty")
         self.harness = harness
@@ -214,10 +227,12 @@ class Task:
                 else harness.settings.retention
             )
         self.retention = retention
-        catalog.open_task(task_id, retention.to_json())
         self.storage: TaskStorage = harness.backend.storage(task_id)
         self._lock = threading.Lock()
-        harness.backend.create(self.storage)
+        self._open = open_task
+        if open_task:
+            catalog.open_task(task_id, retention.to_json())
+            harness.backend.create(self.storage)
 
     def __enter__(self) -> Task:
         return self
@@ -345,6 +360,8 @@ class Task:
         collection delete it then, None keeps it until its artifacts expire. A restarted
         harness re-attaches to a kept task's container by label.
         """
+        if not self._open and not delete:
+            return  # opened by Harness.existing: nothing to close
         keep = self.retention.keep_after_close
         if delete or keep == 0:
             self.harness.remove(self.id, by="manual" if delete else "keep_after_close")

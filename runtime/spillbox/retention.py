@@ -151,7 +151,10 @@ SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("bearer", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{16,}=*")),
     (
         "password",
-        re.compile(r"(?i)(\"(?:password|passwd|secret|api_key|apikey|token)\"\s*:\s*)\"[^\"]+\""),
+        re.compile(
+            r"(?i)(\"(?:password|passwd|secret|api_key|apikey|token)\"\s*:\s*)"
+            r"\"(?!\[REDACTED:)[^\"]+\""
+        ),
     ),
 )
 
