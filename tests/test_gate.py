@@ -35,7 +35,10 @@ def words(n: int, word: str = "token") -> str:
 
 
 def check_invariants(
-    results: Sequence[ToolResult], decisions: Sequence[Decision], policy: Policy, counter: TokenCounter
+    results: Sequence[ToolResult],
+    decisions: Sequence[Decision],
+    policy: Policy,
+    counter: TokenCounter,
 ) -> None:
     """Every rule of the gate, checked from the outside."""
     assert [d.result for d in decisions] == list(results)
@@ -110,7 +113,7 @@ def test_exactly_at_the_per_call_threshold_stays_inline() -> None:
 
 def test_aggregate_offloads_largest_first_until_it_fits() -> None:
     results = [
-        ToolResult("small", "t", words(1_000)),
+        ToolResult("small", "t", words(2_000)),
         ToolResult("large", "t", words(5_000)),
         ToolResult("medium", "t", words(3_000)),
         ToolResult("tiny", "t", words(500)),
@@ -199,7 +202,7 @@ steps = st.lists(st.tuples(contents, st.booleans()), max_size=8).map(
 )
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     results=steps,
     per_call=st.integers(min_value=1, max_value=150),
@@ -211,6 +214,22 @@ def test_gate_invariants_hold_for_any_step(
     policy = Policy(per_call_tokens=per_call, aggregate_tokens=aggregate)
     decisions, _ = gate(results, policy)
     check_invariants(results, decisions, policy, default_counter())
+
+
+@settings(max_examples=150, deadline=None)
+@given(results=steps, fraction=st.floats(min_value=0.05, max_value=1.1))
+def test_gate_invariants_hold_when_the_aggregate_cuts_into_the_step(
+    results: list[ToolResult], fraction: float
+) -> None:
+    # An aggregate threshold as a fraction of the step's size: mostly partial offloads.
+    counter = default_counter()
+    texts = [text for _, text in (r.payload() for r in results) if text is not None]
+    policy = Policy(
+        per_call_tokens=150,
+        aggregate_tokens=max(1, int(fraction * sum(counter.count(t) for t in texts))),
+    )
+    decisions, _ = gate(results, policy)
+    check_invariants(results, decisions, policy, counter)
 
 
 @settings(max_examples=100, deadline=None)

@@ -161,8 +161,14 @@ def test_parse_notice_rejects_other_text() -> None:
 @pytest.mark.parametrize(
     ("shape", "line"),
     [
-        (Shape(kind="json_array", count=1200, count_exact=False, element="objects"), "JSON array of about 1,200 objects"),
-        (Shape(kind="json_array", count=None, element="numbers"), "JSON array of numbers (count unknown)"),
+        (
+            Shape(kind="json_array", count=1200, count_exact=False, element="objects"),
+            "JSON array of about 1,200 objects",
+        ),
+        (
+            Shape(kind="json_array", count=None, element="numbers"),
+            "JSON array of numbers (count unknown)",
+        ),
         (Shape(kind="json_object", keys=("a", "b"), count_exact=False), "JSON object with 2+ keys"),
         (Shape(kind="json_scalar"), "JSON scalar"),
         (Shape(kind="ndjson", count=10), "NDJSON, 10 records"),
@@ -223,14 +229,16 @@ def test_cuts_are_bounded_affixes_at_cluster_boundaries(text: str, chars: int) -
 
 
 @settings(max_examples=100, deadline=None)
-@given(text=st.text(alphabet="abc xyz,.{}[]\"", max_size=400), chars=st.integers(0, 150))
+@given(text=st.text(alphabet='abc xyz,.{}[]"', max_size=400), chars=st.integers(0, 150))
 def test_cuts_of_plain_text_are_exact(text: str, chars: int) -> None:
     assert cut_head(text, chars) == text[:chars]
     assert cut_tail(text, chars) == text[len(text) - min(chars, len(text)) :]
 
 
 wide_text = st.text(
-    alphabet=st.sampled_from(["中", "文", "字", "😀", "🌳", "👍", "🏽", "é", "\u0301", "a", "\n", '"', "\\"]),
+    alphabet=st.sampled_from(
+        ["中", "文", "字", "😀", "🌳", "👍", "🏽", "é", "\u0301", "a", "\n", '"', "\\"]
+    ),
     min_size=1,
     max_size=400,
 )

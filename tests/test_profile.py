@@ -27,7 +27,11 @@ def test_json_array_of_objects_lists_keys_first_seen_first() -> None:
     data = json.dumps([{"id": 1, "title": "a"}, {"id": 2, "body": "b"}], indent=2).encode()
     shape = shape_of(data)
     assert shape == Shape(
-        kind="json_array", count=2, count_exact=True, element="objects", keys=("id", "title", "body")
+        kind="json_array",
+        count=2,
+        count_exact=True,
+        element="objects",
+        keys=("id", "title", "body"),
     )
     assert shape.extension == "json"
     assert describe(shape) == "JSON array of 2 objects"
@@ -35,7 +39,12 @@ def test_json_array_of_objects_lists_keys_first_seen_first() -> None:
 
 @pytest.mark.parametrize(
     ("value", "element"),
-    [([1, 2.5, 3], "numbers"), (["a", "b"], "strings"), ([[1], [2]], "arrays"), ([1, "a"], "mixed values")],
+    [
+        ([1, 2.5, 3], "numbers"),
+        (["a", "b"], "strings"),
+        ([[1], [2]], "arrays"),
+        ([1, "a"], "mixed values"),
+    ],
 )
 def test_json_array_element_kinds(value: list[Any], element: str) -> None:
     shape = shape_of(json.dumps(value).encode())
@@ -165,8 +174,14 @@ def test_pathological_payloads_are_described_not_crashed_on(data: bytes) -> None
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 

@@ -118,15 +118,6 @@ def test_read_refuses_symlinks(home: Path, tmp_path: Path) -> None:
     assert storage.names() == []
 
 
-def test_find_identical(home: Path) -> None:
-    storage = TaskStorage(home, "t1")
-    stored = storage.write("c1", "txt", b"hello")
-    found = storage.find_identical(b"hello")
-    assert found is not None and found.name == stored.name
-    assert found.sha256 == stored.sha256
-    assert storage.find_identical(b"hellO") is None
-
-
 def test_an_unwritable_home_is_a_storage_error(tmp_path: Path) -> None:
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("x")

@@ -19,6 +19,7 @@ from spillbox.errors import ConfigError, SpillboxError
 from spillbox.gate import ToolResult
 from spillbox.harness import Admitted, Harness, Task
 from spillbox.retention import Retention
+from spillbox.tools import SANDBOX_EXEC, SPECS, TOOL_NAMES, Toolset
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,6 +102,27 @@ def _parser() -> argparse.ArgumentParser:
     audit = commands.add_parser("audit", parents=[common], help="a task's access log")
     audit.add_argument("task", metavar="TASK")
     audit.set_defaults(func=_audit)
+
+    tools = commands.add_parser("tools", help="print the model-facing tool definitions")
+    tools.add_argument("--format", choices=["openai", "responses", "anthropic"], default="openai")
+    tools.add_argument(
+        "--sandbox", choices=["none", "docker"], help="sandbox kind (default: docker)"
+    )
+    tools.set_defaults(func=_tools)
+
+    call = commands.add_parser(
+        "call", parents=[common], help="call a spillbox tool as the model would"
+    )
+    call.add_argument("--task", required=True)
+    call.add_argument("tool", metavar="TOOL")
+    call.add_argument("arguments", metavar="JSON-ARGS", nargs="?", default="{}")
+    call.set_defaults(func=_call)
+
+    demo = commands.add_parser(
+        "demo", help="run the examples end to end in real sandboxes with a scripted model"
+    )
+    demo.add_argument("--home", help="spillbox home (default: a temp folder, removed after)")
+    demo.set_defaults(func=_demo)
 
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
@@ -342,6 +364,26 @@ def _audit(args: argparse.Namespace) -> int:
     ]
     _print(args, data, "\n".join(lines) if lines else "no entries")
     return 0
+
+
+def _tools(args: argparse.Namespace) -> int:
+    languages = () if args.sandbox == "none" else LANGS
+    specs = [SPECS[name] for name in TOOL_NAMES if languages or name != SANDBOX_EXEC]
+    print(json.dumps([spec.definition(args.format) for spec in specs], indent=2))
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    with _harness(args) as harness, harness.task(args.task) as task:
+        output = Toolset(task).call(args.tool, args.arguments)
+    print(output.text)
+    return 1 if output.is_error else 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from spillbox.demo import run_demo
+
+    return run_demo(home=args.home)
 
 
 def _image_build(args: argparse.Namespace) -> int:

@@ -62,6 +62,16 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class ModelEndpoint:
+    """A real model endpoint for the agent loop (used only when a key and base URL are set)."""
+
+    provider: Literal["openai", "anthropic"]
+    base_url: str
+    api_key: str = field(repr=False)
+    model: str
+
+
+@dataclass(frozen=True)
 class Settings:
     """Where spillbox keeps its files, which sandbox it uses, and the gate's policy."""
 
@@ -74,6 +84,9 @@ class Settings:
     """The retention policy of tasks opened without one of their own."""
     gc_interval: float = DEFAULT_GC_INTERVAL
     """Seconds between garbage collections while a harness runs (0: only at start; <0: never)."""
+    endpoint: ModelEndpoint | None = None
+    """A real model for the loop: SPILLBOX_MODEL_PROVIDER (openai|anthropic),
+    SPILLBOX_MODEL_BASE_URL, SPILLBOX_MODEL_API_KEY, SPILLBOX_MODEL."""
 
     def __post_init__(self) -> None:
         if self.sandbox not in get_args(SandboxKind):
@@ -104,7 +117,21 @@ class Settings:
             policy=policy,
             retention=retention,
             gc_interval=DEFAULT_GC_INTERVAL if not gc_interval else _gc_interval(gc_interval),
+            endpoint=_endpoint(env),
         )
+
+
+def _endpoint(env: Mapping[str, str]) -> ModelEndpoint | None:
+    key, base = env.get("SPILLBOX_MODEL_API_KEY"), env.get("SPILLBOX_MODEL_BASE_URL")
+    if not key or not base:
+        return None
+    provider = env.get("SPILLBOX_MODEL_PROVIDER", "openai")
+    if provider not in ("openai", "anthropic"):
+        raise ConfigError(f"SPILLBOX_MODEL_PROVIDER must be openai or anthropic, got {provider!r}")
+    model = env.get("SPILLBOX_MODEL")
+    if not model:
+        raise ConfigError("SPILLBOX_MODEL must name the model when a model endpoint is set")
+    return ModelEndpoint(provider, base, key, model)  # type: ignore[arg-type]
 
 
 def _gc_interval(raw: str) -> float:

@@ -19,7 +19,7 @@ from typing import Literal
 from spillbox.config import Policy
 from spillbox.tokens import TokenCount, TokenCounter, count_within, total
 
-Reason = Literal["per_call", "aggregate", "binary"]
+Reason = Literal["per_call", "aggregate", "binary", "compaction"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class ToolResult:
     tool: str
     content: str | bytes
     is_error: bool = False
+    offloadable: bool = True
+    """False keeps the result out of the aggregate rule (a page read back from an
+    artifact: already bounded, and offloading it would loop); per_call still applies."""
 
     def payload(self) -> tuple[bytes, str | None]:
         """The bytes to store, and the text they are (None if not valid UTF-8).
@@ -113,7 +116,8 @@ def admit(
         return offloaded + sum(tokens for _, tokens in inline.values())
 
     # Largest first, non-errors before errors, ties by call order.
-    order = sorted(inline, key=lambda i: (results[i].is_error, -inline[i][1], i))
+    candidates = [i for i in inline if results[i].offloadable]
+    order = sorted(candidates, key=lambda i: (results[i].is_error, -inline[i][1], i))
     for i in order:
         if inline_total() <= policy.aggregate_tokens:
             break

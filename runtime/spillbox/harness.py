@@ -31,7 +31,8 @@ from spillbox.profile import Shape, profile
 from spillbox.retention import Retention, redact
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
-from spillbox.tokens import TokenCount, TokenCounter, default_counter
+from spillbox.tokens import TokenCount, TokenCounter, default_counter, total
+from spillbox.tools import tool_hints
 
 if TYPE_CHECKING:
     from spillbox.sandbox.docker import SandboxOptions
@@ -230,6 +231,8 @@ class Task:
         self.storage: TaskStorage = harness.backend.storage(task_id)
         self._lock = threading.Lock()
         self._open = open_task
+        self.tools: frozenset[str] = frozenset()
+        """spillbox's model-facing tools registered on this task (see tools.Toolset)."""
         if open_task:
             catalog.open_task(task_id, retention.to_json())
             harness.backend.create(self.storage)
@@ -264,6 +267,25 @@ class Task:
             )
             for d in decisions
         ]
+
+    def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted:
+        """Store one result now, whatever its size, and return its notice (compaction)."""
+        data, text = result.payload()
+        tokens = None if text is None else total(self.harness.counter, text)
+        with self._lock:
+            artifact, notice = self._offload(Offload(result, data, text, reason, tokens))
+        return Admitted(
+            call_id=result.call_id,
+            tool=result.tool,
+            text=notice,
+            offloaded=True,
+            reason=reason,
+            tokens=tokens.tokens if tokens else None,
+            tokens_exact=tokens.exact if tokens else None,
+            inline_tokens=self.harness.counter.count(notice),
+            artifact=artifact,
+            is_error=result.is_error,
+        )
 
     def exec(
         self,
@@ -475,7 +497,7 @@ class Task:
             end=text[-span:],
             length=len(text),
             binary_head=data[:16] if offload.text is None else b"",
-            hints=codemode.hints(artifact, backend.languages),
+            hints=tool_hints(codemode.hints(artifact, backend.languages), artifact, self.tools),
             per_call_limit=policy.per_call_tokens,
             aggregate_limit=policy.aggregate_tokens,
             redactions=redactions if self.retention.redact else None,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from spillbox.profile import Shape
@@ -45,15 +45,28 @@ _REASONS = {
     "per_call": "over the {per_call}-token per-call limit",
     "aggregate": "the step was over the {aggregate}-token limit; largest offloaded first",
     "binary": "not UTF-8 text",
+    "compaction": "an older tool result moved out of the conversation history",
 }
 
 
 @dataclass(frozen=True)
 class Hint:
-    """A ready-to-run inspection: the language of code mode and the code, one line."""
+    """A ready-to-run inspection, one line: code in a code-mode language, or a tool call.
+
+    Rendered as `hint: sql: SELECT ...` when the model runs code mode through the
+    harness, or `hint: sandbox_exec {"lang": "sql", "code": "..."}` when spillbox's
+    tools are registered (the arguments are the tool's JSON arguments, ready to send).
+    """
 
     lang: str
     code: str
+    tool: str | None = None
+    args: Mapping[str, str] | None = None
+
+    def line(self) -> str:
+        if self.tool is not None:
+            return f"{self.tool} {json.dumps(self.args, ensure_ascii=False)}"
+        return f"{self.lang}: {self.code}"
 
 
 @dataclass(frozen=True)
@@ -134,7 +147,7 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: i
         lines.append(f"head: {_quote(head)}")
         if tail:
             lines.append(f"tail: {_quote(tail)}")
-    lines.extend(f"hint: {hint.lang}: {hint.code}" for hint in facts.hints)
+    lines.extend(f"hint: {hint.line()}" for hint in facts.hints)
     lines.append(CLOSE)
     return "\n".join(lines)
 

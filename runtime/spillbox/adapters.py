@@ -1,0 +1,201 @@
+"""Adapters for the message shapes of the provider APIs, and reversible history compaction.
+
+Give one step's tool results in the shape your loop already uses; get them back in the
+same shape, gated as one aggregate (parallel calls of one step count together):
+
+    messages += gate_chat_completions(task, tool_messages, assistant["tool_calls"])
+    input_items = gate_responses(task, input_items)
+    user_message = gate_anthropic(task, user_message, assistant["content"])
+    request["tools"] = add_tools(request.get("tools", []), toolset, "anthropic")
+
+compact_history moves older tool results out of a long conversation into the task's
+sandbox and leaves notices in their place; read_artifact opens them again.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spillbox.gate import ToolResult
+from spillbox.notice import parse_notice
+from spillbox.tools import Format, Toolset
+
+if TYPE_CHECKING:
+    from spillbox.harness import Task
+
+DEFAULT_TOOL_NAME = "tool"
+
+
+def add_tools(tools: Sequence[Mapping[str, Any]], toolset: Toolset, fmt: Format) -> list[Any]:
+    """A request's tool list with spillbox's tools added (once) in the provider's shape."""
+    ours = toolset.definitions(fmt)
+    names = {_tool_name(tool) for tool in ours}
+    return [dict(t) for t in tools if _tool_name(t) not in names] + ours
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str:
+    function = tool.get("function")
+    return str(function["name"] if isinstance(function, Mapping) else tool.get("name", ""))
+
+
+# OpenAI Chat Completions: {"role": "tool", "tool_call_id": ..., "content": str | [parts]}
+
+
+def gate_chat_completions(
+    task: Task,
+    tool_messages: Sequence[Mapping[str, Any]],
+    tool_calls: Sequence[Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Gate one step's tool messages; tool_calls (the assistant's) supply tool names."""
+    names = {
+        c["id"]: c.get("function", {}).get("name", DEFAULT_TOOL_NAME) for c in tool_calls or ()
+    }
+    messages = [dict(m) for m in tool_messages]
+    results = [
+        ToolResult(
+            call_id=str(m["tool_call_id"]),
+            tool=names.get(m["tool_call_id"], DEFAULT_TOOL_NAME),
+            content=_text_of(m.get("content", "")),
+        )
+        for m in messages
+    ]
+    for message, admitted in zip(messages, task.admit(results), strict=True):
+        message["content"] = admitted.text
+    return messages
+
+
+# OpenAI Responses: {"type": "function_call_output", "call_id": ..., "output": str}
+
+
+def gate_responses(task: Task, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Gate the function_call_output items of one step; other items pass unchanged."""
+    out = [dict(item) for item in items]
+    names = {
+        i["call_id"]: i.get("name", DEFAULT_TOOL_NAME)
+        for i in out
+        if i.get("type") == "function_call"
+    }
+    outputs = [i for i in out if i.get("type") == "function_call_output"]
+    results = [
+        ToolResult(
+            call_id=str(i["call_id"]),
+            tool=names.get(i["call_id"], DEFAULT_TOOL_NAME),
+            content=_text_of(i.get("output", "")),
+        )
+        for i in outputs
+    ]
+    for item, admitted in zip(outputs, task.admit(results), strict=True):
+        item["output"] = admitted.text
+    return out
+
+
+# Anthropic Messages: a user message whose content has {"type": "tool_result", ...} blocks
+
+
+def gate_anthropic(
+    task: Task,
+    message: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    assistant_content: Sequence[Mapping[str, Any]] | None = None,
+) -> Any:
+    """Gate the tool_result blocks of one step (a user message, or its list of blocks).
+
+    Non-text parts of a result (images) stay as they are; its text is gated.
+    """
+    names = {
+        b["id"]: b.get("name", DEFAULT_TOOL_NAME)
+        for b in assistant_content or ()
+        if b.get("type") == "tool_use"
+    }
+    if isinstance(message, Mapping):
+        out_message: dict[str, Any] = dict(message)
+        blocks = [dict(b) for b in message.get("content", [])]
+        out_message["content"] = blocks
+    else:
+        blocks = [dict(b) for b in message]
+    tool_blocks = [b for b in blocks if b.get("type") == "tool_result"]
+    results = [
+        ToolResult(
+            call_id=str(b["tool_use_id"]),
+            tool=names.get(b["tool_use_id"], DEFAULT_TOOL_NAME),
+            content=_text_of(b.get("content", "")),
+            is_error=bool(b.get("is_error", False)),
+        )
+        for b in tool_blocks
+    ]
+    for block, admitted in zip(tool_blocks, task.admit(results), strict=True):
+        others = [p for p in _parts(block.get("content", "")) if p.get("type") != "text"]
+        block["content"] = (
+            [{"type": "text", "text": admitted.text}, *others] if others else admitted.text
+        )
+    return out_message if isinstance(message, Mapping) else blocks
+
+
+def _parts(content: Any) -> list[Mapping[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [p for p in content if isinstance(p, Mapping)]
+
+
+def _text_of(content: Any) -> str:
+    """The text of a content field: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        str(p.get("text", ""))
+        for p in _parts(content)
+        if p.get("type") in ("text", "input_text", "output_text")
+    )
+
+
+# History compaction
+
+
+def compact_history(
+    task: Task, messages: Sequence[Mapping[str, Any]], keep_last: int = 3, min_tokens: int = 500
+) -> list[dict[str, Any]]:
+    """Move all but the last keep_last tool results into the task's sandbox.
+
+    Works on Chat Completions tool messages, Responses function_call_output items and
+    Anthropic tool_result blocks. Each moved result is stored byte for byte and replaced
+    by its notice (read_artifact opens it again); results under min_tokens, and ones
+    that already are notices, stay. Nothing is summarised away.
+    """
+    out = copy.deepcopy([dict(m) for m in messages])
+    slots = list(_result_slots(out))
+    names = _call_names(out)
+    for holder, key, call_id in slots[: max(len(slots) - keep_last, 0)]:
+        text = _text_of(holder[key])
+        if parse_notice(text) is not None or task.harness.counter.count(text) < min_tokens:
+            continue
+        admitted = task.offload(ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), text))
+        holder[key] = admitted.text
+    return out
+
+
+def _result_slots(messages: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, str]]:
+    """(the dict holding a tool result, its key, the call id), oldest first."""
+    for message in messages:
+        if message.get("role") == "tool":
+            yield message, "content", str(message["tool_call_id"])
+        elif message.get("type") == "function_call_output":
+            yield message, "output", str(message["call_id"])
+        elif isinstance(message.get("content"), list):
+            for block in message["content"]:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    yield block, "content", str(block["tool_use_id"])
+
+
+def _call_names(messages: list[dict[str, Any]]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            names[str(call["id"])] = str(call.get("function", {}).get("name", DEFAULT_TOOL_NAME))
+        if message.get("type") == "function_call":
+            names[str(message["call_id"])] = str(message.get("name", DEFAULT_TOOL_NAME))
+        if isinstance(message.get("content"), list):
+            for block in message["content"]:
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    names[str(block["id"])] = str(block.get("name", DEFAULT_TOOL_NAME))
+    return names

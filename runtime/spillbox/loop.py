@@ -1,0 +1,298 @@
+"""A small, provider-agnostic agent loop: the model, the user's tools plus spillbox's, the gate.
+
+    result = run(task, ScriptedModel(script), "Which author merged most?", tools=[prs_tool])
+    result.answer, result.context_tokens, result.inline_tokens
+
+The history is kept in the Chat Completions shape; each model class converts it to its
+provider's wire format. Every step's tool results (the user's and spillbox's) pass the
+gate together, so parallel calls count as one aggregate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from spillbox.errors import ConfigError, SpillboxError
+from spillbox.gate import ToolResult
+from spillbox.tools import Toolset, ToolSpec
+
+if TYPE_CHECKING:
+    from spillbox.config import ModelEndpoint
+    from spillbox.harness import Admitted, Task
+
+DEFAULT_MAX_STEPS = 12
+HTTP_TIMEOUT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model reply: text, and the tool calls it asks for (none means it is done)."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+class Model(Protocol):
+    def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn: ...
+
+
+@dataclass(frozen=True)
+class UserTool:
+    """One of the user's own tools: its spec and the function that runs it."""
+
+    spec: ToolSpec
+    run: Callable[[Mapping[str, Any]], str | bytes]
+
+
+class ScriptedModel:
+    """A deterministic model for tests and demos: a function of the history picks each turn.
+
+    >>> model = ScriptedModel(lambda messages: Turn(text="done"))
+    >>> model.respond([], []).text
+    'done'
+    """
+
+    def __init__(self, script: Callable[[Sequence[Mapping[str, Any]]], Turn]) -> None:
+        self._script = script
+
+    def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
+        return self._script(messages)
+
+
+@dataclass
+class Step:
+    """One step of the loop: the calls the model made and what came back (gated)."""
+
+    calls: list[ToolCall]
+    admitted: list[Admitted]
+
+
+@dataclass
+class LoopResult:
+    answer: str
+    messages: list[dict[str, Any]]
+    steps: list[Step] = field(default_factory=list)
+    context_tokens: int = 0
+    """Tokens of the final history as the model saw it (notices instead of payloads)."""
+    inline_tokens: int = 0
+    """Tokens the same history would hold with every tool result inline."""
+    seconds: float = 0.0
+
+
+def run(
+    task: Task,
+    model: Model,
+    prompt: str,
+    tools: Sequence[UserTool] = (),
+    system: str | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> LoopResult:
+    """Run the model until it answers without tool calls (or max_steps is reached)."""
+    started = time.monotonic()
+    toolset = Toolset(task)
+    user_tools = {tool.spec.name: tool for tool in tools}
+    clash = set(user_tools) & set(toolset.names)
+    if clash:
+        raise ConfigError(f"user tools may not reuse spillbox's tool names: {', '.join(clash)}")
+    specs = [tool.spec for tool in tools] + toolset.specs()
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": prompt})
+    result = LoopResult(answer="", messages=messages)
+    counter = task.harness.counter
+    for _ in range(max_steps):
+        turn = model.respond(messages, specs)
+        messages.append(_assistant_message(turn))
+        if not turn.tool_calls:
+            result.answer = turn.text
+            break
+        results = [_call(call, user_tools, toolset) for call in turn.tool_calls]
+        admitted = task.admit(results)
+        for call, item in zip(turn.tool_calls, admitted, strict=True):
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": item.text})
+        result.steps.append(Step(list(turn.tool_calls), admitted))
+    else:
+        result.answer = ""
+    shown = sum(counter.count(_content_text(m)) for m in messages)
+    extra = sum(
+        (item.tokens or 0) - item.inline_tokens
+        for step in result.steps
+        for item in step.admitted
+        if item.offloaded
+    )
+    result.context_tokens, result.inline_tokens = shown, shown + extra
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _call(call: ToolCall, user_tools: Mapping[str, UserTool], toolset: Toolset) -> ToolResult:
+    if call.name in toolset.names:
+        output = toolset.call(call.name, call.arguments)
+        return ToolResult(call.id, call.name, output.text, output.is_error, output.offloadable)
+    tool = user_tools.get(call.name)
+    if tool is None:
+        message = json.dumps({"error": f"unknown tool {call.name!r}"})
+        return ToolResult(call.id, call.name, message, is_error=True)
+    try:
+        return ToolResult(call.id, call.name, tool.run(call.arguments))
+    except Exception as e:  # noqa: BLE001 - a failing tool is the model's to see, not a crash
+        message = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        return ToolResult(call.id, call.name, message, is_error=True)
+
+
+def _assistant_message(turn: Turn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            for call in turn.tool_calls
+        ]
+    return message
+
+
+def _content_text(message: Mapping[str, Any]) -> str:
+    text = str(message.get("content") or "")
+    for call in message.get("tool_calls") or ():
+        text += call["function"]["name"] + call["function"]["arguments"]
+    return text
+
+
+# Real endpoints: plain HTTPS with the standard library, used when a key and base URL are set.
+
+
+class OpenAIChatModel:
+    """An OpenAI-compatible Chat Completions endpoint."""
+
+    def __init__(self, endpoint: ModelEndpoint) -> None:
+        self.endpoint = endpoint
+
+    def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
+        body = {
+            "model": self.endpoint.model,
+            "messages": list(messages),
+            "tools": [spec.definition("openai") for spec in tools],
+        }
+        reply = _post(
+            f"{self.endpoint.base_url.rstrip('/')}/chat/completions",
+            body,
+            {"Authorization": f"Bearer {self.endpoint.api_key}"},
+        )
+        message = reply["choices"][0]["message"]
+        calls = tuple(
+            ToolCall(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"))
+            for c in message.get("tool_calls") or ()
+        )
+        return Turn(text=message.get("content") or "", tool_calls=calls)
+
+
+class AnthropicModel:
+    """An Anthropic-compatible Messages endpoint."""
+
+    def __init__(self, endpoint: ModelEndpoint, max_tokens: int = 4096) -> None:
+        self.endpoint = endpoint
+        self.max_tokens = max_tokens
+
+    def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
+        system, converted = to_anthropic(messages)
+        body: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "max_tokens": self.max_tokens,
+            "messages": converted,
+            "tools": [spec.definition("anthropic") for spec in tools],
+        }
+        if system:
+            body["system"] = system
+        reply = _post(
+            f"{self.endpoint.base_url.rstrip('/')}/v1/messages",
+            body,
+            {"x-api-key": self.endpoint.api_key, "anthropic-version": "2023-06-01"},
+        )
+        text = "".join(b.get("text", "") for b in reply["content"] if b.get("type") == "text")
+        calls = tuple(
+            ToolCall(b["id"], b["name"], b.get("input") or {})
+            for b in reply["content"]
+            if b.get("type") == "tool_use"
+        )
+        return Turn(text=text, tool_calls=calls)
+
+
+def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """Chat Completions history as (system, Anthropic messages): tool calls become
+    tool_use blocks, tool messages tool_result blocks in one user message per step."""
+    system = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if m["role"] == "tool":
+            block = {
+                "type": "tool_result",
+                "tool_use_id": m["tool_call_id"],
+                "content": m["content"],
+            }
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif m["role"] == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            for call in m.get("tool_calls") or ():
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": call["function"]["name"],
+                        "input": json.loads(call["function"]["arguments"] or "{}"),
+                    }
+                )
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": "user", "content": m["content"]})
+    return system, out
+
+
+def model_from_endpoint(endpoint: ModelEndpoint) -> Model:
+    """The model class for a configured endpoint's provider."""
+    if endpoint.provider == "anthropic":
+        return AnthropicModel(endpoint)
+    return OpenAIChatModel(endpoint)
+
+
+def _post(url: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode("utf-8"),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
+            reply: dict[str, Any] = json.loads(response.read())
+            return reply
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode("utf-8", "replace")[:300]
+        raise SpillboxError(f"the model endpoint {url} answered {e.code}: {detail}") from e
+    except (urllib.error.URLError, TimeoutError) as e:
+        raise SpillboxError(
+            f"the model endpoint {url} did not answer ({e}): check the base URL"
+        ) from e

@@ -1,0 +1,280 @@
+"""The model-facing tools: sandbox_exec, read_artifact and list_artifacts.
+
+    toolset = Toolset(task)                       # registers the tools on the task
+    request["tools"] += toolset.definitions("openai")   # or "responses", "anthropic"
+    output = toolset.call("read_artifact", {"path": "/sandbox/offload/c1.json"})
+    output.text                                   # what the model sees (JSON)
+
+Once registered, a notice's hints name exactly these tools, with ready-to-send arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from spillbox.codemode import DEFAULT_TIMEOUT, LANGS
+from spillbox.errors import SpillboxError
+from spillbox.notice import Hint
+from spillbox.paging import CURSOR_TTL_SECONDS, CursorSigner, page
+
+if TYPE_CHECKING:
+    from spillbox.harness import Artifact, Task
+
+SANDBOX_EXEC = "sandbox_exec"
+READ_ARTIFACT = "read_artifact"
+LIST_ARTIFACTS = "list_artifacts"
+TOOL_NAMES = (SANDBOX_EXEC, READ_ARTIFACT, LIST_ARTIFACTS)
+
+Format = Literal["openai", "responses", "anthropic"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its name, what it is for, and its arguments as JSON Schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def definition(self, fmt: Format) -> dict[str, Any]:
+        """The tool in a provider's shape."""
+        if fmt == "openai":
+            return {
+                "type": "function",
+                "function": {
+                    "name": self.name,
+                    "description": self.description,
+                    "parameters": dict(self.parameters),
+                },
+            }
+        if fmt == "responses":
+            return {
+                "type": "function",
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            }
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": dict(self.parameters),
+        }
+
+
+SPECS: dict[str, ToolSpec] = {
+    SANDBOX_EXEC: ToolSpec(
+        SANDBOX_EXEC,
+        "Run a script in this task's sandbox, where offloaded tool results are files under "
+        "/sandbox/offload/. sql is DuckDB: every JSON, NDJSON or CSV artifact is a table named "
+        'after its artifact id (quote it: SELECT count(*) FROM "c1"). jq runs a filter over '
+        "one artifact (give artifact). python has duckdb, pyarrow and jq. sh has jq, grep, "
+        "head, tail. Only what the script prints comes back; a large print becomes a new "
+        "artifact with a notice. No network.",
+        {
+            "type": "object",
+            "properties": {
+                "lang": {"type": "string", "enum": list(LANGS)},
+                "code": {"type": "string", "description": "The script (for jq: the filter)."},
+                "artifact": {
+                    "type": "string",
+                    "description": "For jq: the artifact id or path to run the filter over.",
+                },
+                "timeout": {
+                    "type": "number",
+                    "description": f"Seconds (default {DEFAULT_TIMEOUT:g}).",
+                },
+            },
+            "required": ["lang", "code"],
+            "additionalProperties": False,
+        },
+    ),
+    READ_ARTIFACT: ToolSpec(
+        READ_ARTIFACT,
+        "Read an offloaded artifact one page at a time: whole records of a JSON array or "
+        "NDJSON (items), else whole lines of text (text). Pass the path from a notice or "
+        "the artifact_id; pass next_cursor back as cursor for the next page.",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "The path a notice shows."},
+                "artifact_id": {"type": "string"},
+                "cursor": {"type": "string", "description": "next_cursor of the previous page."},
+            },
+            "additionalProperties": False,
+        },
+    ),
+    LIST_ARTIFACTS: ToolSpec(
+        LIST_ARTIFACTS,
+        "List this task's offloaded artifacts: id, path, tool, bytes, tokens.",
+        {"type": "object", "properties": {}, "additionalProperties": False},
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a spillbox tool returns to the model."""
+
+    text: str
+    is_error: bool = False
+    offloadable: bool = True
+    """False for read_artifact pages: already bounded, and offloading one would loop."""
+
+
+class Toolset:
+    """spillbox's tools for one task, and the dispatcher the loop calls them through.
+
+    >>> toolset = Toolset(task)  # doctest: +SKIP
+    >>> toolset.call("list_artifacts", {}).text  # doctest: +SKIP
+    '[]'
+    """
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        names = [READ_ARTIFACT, LIST_ARTIFACTS]
+        if task.harness.backend.languages:
+            names.insert(0, SANDBOX_EXEC)
+        self.names: tuple[str, ...] = tuple(names)
+        task.tools = frozenset(self.names)
+        self._signer = CursorSigner(task.harness.settings.home)
+
+    def specs(self) -> list[ToolSpec]:
+        return [SPECS[name] for name in self.names]
+
+    def definitions(self, fmt: Format = "openai") -> list[dict[str, Any]]:
+        return [spec.definition(fmt) for spec in self.specs()]
+
+    def call(self, name: str, arguments: Mapping[str, Any] | str) -> ToolOutput:
+        """Call a tool as the model would; errors come back as text, as the model sees them."""
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+            if not isinstance(args, dict):
+                raise TypeError("arguments must be a JSON object")
+            if name not in self.names:
+                return _error(f"unknown tool {name!r}: available are {', '.join(self.names)}")
+            if name == SANDBOX_EXEC:
+                return self._exec(args)
+            if name == READ_ARTIFACT:
+                return self._read(args)
+            return self._list()
+        except SpillboxError as e:
+            return _error(str(e))
+        except (ValueError, TypeError, KeyError) as e:
+            return _error(f"bad arguments for {name}: {e}")
+
+    def _exec(self, args: dict[str, Any]) -> ToolOutput:
+        _only(args, {"lang", "code", "artifact", "timeout"})
+        result = self.task.exec(
+            args["lang"],
+            str(args["code"]),
+            timeout=float(args.get("timeout", DEFAULT_TIMEOUT)),
+            artifact=args.get("artifact"),
+        )
+        body = {
+            "exit_code": result.exit_code,
+            "output": result.text,
+            "stderr": result.stderr,
+            "timed_out": result.timed_out,
+            "oom_killed": result.oom_killed,
+        }
+        return ToolOutput(json.dumps(body, ensure_ascii=False), is_error=result.exit_code != 0)
+
+    def _read(self, args: dict[str, Any]) -> ToolOutput:
+        _only(args, {"path", "artifact_id", "cursor"})
+        ref = args.get("artifact_id") or args.get("path")
+        if not ref:
+            raise ValueError("give path (as a notice shows it) or artifact_id")
+        task = self.task
+        row = task.artifact(str(ref))
+        expect = {"task": task.id, "artifact": row.artifact_id, "sha": row.sha256[:16]}
+        start = (0, 0)
+        if args.get("cursor"):
+            fields = self._signer.check(str(args["cursor"]), expect)
+            start = (int(fields["pos"][0]), int(fields["pos"][1]))
+        data = task.read(row.artifact_id, actor=READ_ARTIFACT)
+        kind = _kind(row.name)
+        slice_ = page(
+            data, row.sha256, kind, start, task.harness.counter, task.harness.policy.per_call_tokens
+        )
+        next_cursor = None
+        if slice_.has_more:
+            next_cursor = self._signer.sign(
+                {**expect, "pos": list(slice_.end), "exp": int(time.time() + CURSOR_TTL_SECONDS)}
+            )
+        body: dict[str, Any] = {"artifact_id": row.artifact_id, "path": row.path}
+        if slice_.items is not None:
+            body["items"] = slice_.items
+        else:
+            body["text"] = slice_.text
+            if slice_.unit == "bytes":
+                body["encoding"] = "base64"
+        body.update(
+            {
+                "unit": slice_.unit,
+                "position": _position(slice_.start, slice_.end),
+                "total": slice_.total,
+                "partial": slice_.partial,
+                "has_more": slice_.has_more,
+                "next_cursor": next_cursor,
+            }
+        )
+        return ToolOutput(json.dumps(body, ensure_ascii=False), offloadable=False)
+
+    def _list(self) -> ToolOutput:
+        rows = [
+            {
+                "artifact_id": row.artifact_id,
+                "path": row.path,
+                "tool": row.tool,
+                "call_id": row.call_id,
+                "bytes": row.bytes,
+                "tokens": row.tokens,
+            }
+            for row in self.task.artifacts()
+        ]
+        return ToolOutput(json.dumps(rows, ensure_ascii=False))
+
+
+def tool_hints(plain: Sequence[Hint], artifact: Artifact, tools: frozenset[str]) -> list[Hint]:
+    """The notice's hints as calls of the registered tools (code-mode hints otherwise)."""
+    if not tools:
+        return list(plain)
+    hints: list[Hint] = []
+    if SANDBOX_EXEC in tools and plain:
+        first = plain[0]
+        hints.append(
+            Hint(first.lang, first.code, SANDBOX_EXEC, {"lang": first.lang, "code": first.code})
+        )
+    if READ_ARTIFACT in tools:
+        hints.append(Hint("", "", READ_ARTIFACT, {"path": artifact.path}))
+    return hints
+
+
+def _position(start: tuple[int, int], end: tuple[int, int]) -> dict[str, int]:
+    """Where the page lies: record/line/byte indexes, plus character offsets inside one
+    record or line when the page is a slice of it."""
+    position = {"start": start[0], "end": end[0]}
+    if start[1] or end[1]:
+        position.update(start_offset=start[1], end_offset=end[1])
+    return position
+
+
+def _kind(name: str) -> str:
+    extension = name.rsplit(".", 1)[-1]
+    return {"json": "json_array", "ndjson": "ndjson"}.get(extension, "text")
+
+
+def _only(args: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = set(args) - allowed
+    if unknown:
+        raise ValueError(f"unknown argument(s) {', '.join(sorted(unknown))}")
+
+
+def _error(message: str) -> ToolOutput:
+    return ToolOutput(
+        json.dumps({"error": message}, ensure_ascii=False), is_error=True, offloadable=False
+    )

@@ -1,0 +1,210 @@
+"""The catalog: numbered migrations, several writers on one home, a clear error when locked."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spillbox.catalog import CATALOG_FILE, MIGRATIONS, ArtifactRow, Catalog
+from spillbox.errors import ConfigError, StorageError
+
+
+def _row(task_id: str, artifact_id: str, **changes: object) -> ArtifactRow:
+    fields: dict[str, object] = {
+        "task_id": task_id,
+        "artifact_id": artifact_id,
+        "call_id": artifact_id,
+        "tool": "t",
+        "name": f"{artifact_id}.json",
+        "path": f"/sandbox/offload/{artifact_id}.json",
+        "bytes": 10,
+        "tokens": 3,
+        "tokens_exact": True,
+        "sha256": "0" * 64,
+        "created_at": time.time(),
+        "last_access_at": time.time(),
+        "expires_at": None,
+        "state": "live",
+        "pinned": False,
+        "redactions": 0,
+        "deleted_at": None,
+        "deleted_by": None,
+    }
+    fields.update(changes)
+    return ArtifactRow(**fields)  # type: ignore[arg-type]
+
+
+def _versions(home: Path) -> list[int]:
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        return [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+
+
+def test_migrations_are_recorded_in_the_database(home: Path) -> None:
+    catalog = Catalog(home)
+    assert catalog.schema_version() == len(MIGRATIONS)
+    catalog.close()
+    assert _versions(home) == list(range(1, len(MIGRATIONS) + 1))
+    assert 1 in _versions(home)
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"tasks", "artifacts", "access_log", "schema_migrations"} <= tables
+
+
+def test_reopening_is_idempotent_and_keeps_the_data(home: Path) -> None:
+    catalog = Catalog(home)
+    catalog.open_task("t1", "{}")
+    catalog.add_artifact(_row("t1", "a1"))
+    catalog.close()
+    for _ in range(3):
+        again = Catalog(home)
+        assert again.schema_version() == len(MIGRATIONS)
+        assert [r.artifact_id for r in again.artifacts("t1")] == ["a1"]
+        again.close()
+    assert _versions(home) == list(range(1, len(MIGRATIONS) + 1))
+
+
+def test_a_newer_schema_is_refused_with_a_config_error(home: Path) -> None:
+    Catalog(home).close()
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (len(MIGRATIONS) + 1, 0.0))
+    with pytest.raises(ConfigError, match="newer than this spillbox knows.*upgrade spillbox"):
+        Catalog(home)
+
+
+def test_an_unwritable_home_is_a_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="cannot create the spillbox home"):
+        Catalog(blocker / "home")
+
+
+def test_two_catalogs_in_threads_lose_no_write(home: Path) -> None:
+    Catalog(home).close()
+    per_writer = 150
+    errors: list[BaseException] = []
+
+    def write(task_id: str) -> None:
+        catalog = Catalog(home)
+        try:
+            catalog.open_task(task_id, "{}")
+            for i in range(per_writer):
+                if i % 3 == 0:
+                    catalog.add_artifact(_row(task_id, f"a{i}"))
+                else:
+                    catalog.log(task_id, None, "read", "writer", str(i))
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            catalog.close()
+
+    threads = [threading.Thread(target=write, args=(f"t{n}",)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    catalog = Catalog(home)
+    for n in range(2):
+        # Every write is in the log: one per read, one per offload.
+        assert len(catalog.audit(f"t{n}")) == per_writer
+        assert len(catalog.artifacts(f"t{n}")) == per_writer // 3
+    catalog.close()
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from spillbox.catalog import Catalog
+home, task, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+catalog = Catalog(home)
+catalog.open_task(task, "{}")
+for i in range(n):
+    catalog.log(task, None, "read", "proc", str(i))
+    catalog.log("shared", None, "read", task, str(i))
+"""
+
+
+def test_two_processes_writing_at_once_lose_nothing(home: Path) -> None:
+    Catalog(home).close()
+    n = 200
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(home), f"p{k}", str(n)])
+        for k in range(2)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    catalog = Catalog(home)
+    for k in range(2):
+        assert [e.detail for e in catalog.audit(f"p{k}")] == [str(i) for i in range(n)]
+    assert len(catalog.audit("shared")) == 2 * n
+    assert {t.task_id for t in catalog.tasks()} == {"p0", "p1"}
+    catalog.close()
+
+
+def test_a_lock_held_elsewhere_waits_then_raises_a_clear_error(home: Path) -> None:
+    catalog = Catalog(home, busy_timeout=0.5)
+    catalog.open_task("t1", "{}")
+    other = sqlite3.connect(home / CATALOG_FILE, isolation_level=None)
+    try:
+        other.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        with pytest.raises(StorageError) as caught:
+            catalog.log("t1", None, "read", "test")
+        waited = time.monotonic() - started
+        message = str(caught.value)
+        assert "locked" in message
+        assert "\n" not in message
+        assert waited >= 0.4, "it must wait for the lock before giving up"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    catalog.log("t1", None, "read", "test")  # the lock is gone: writing works again
+    assert [e.action for e in catalog.audit("t1")] == ["read"]
+    catalog.close()
+
+
+def test_a_lock_released_in_time_is_waited_for(home: Path) -> None:
+    catalog = Catalog(home, busy_timeout=5)
+    catalog.open_task("t1", "{}")
+    other = sqlite3.connect(home / CATALOG_FILE, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(0.3, lambda: other.execute("ROLLBACK"))
+    release.start()
+    try:
+        catalog.log("t1", None, "read", "test")
+    finally:
+        release.join()
+        other.close()
+    assert len(catalog.audit("t1")) == 1
+    catalog.close()
+
+
+def test_a_damaged_catalog_is_a_storage_error(home: Path) -> None:
+    home.mkdir(parents=True)
+    (home / CATALOG_FILE).write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StorageError, match="damaged"):
+        Catalog(home)
+
+
+def test_tombstones_keep_when_and_why(home: Path) -> None:
+    catalog = Catalog(home)
+    catalog.open_task("t1", "{}")
+    catalog.add_artifact(_row("t1", "a1"))
+    catalog.add_artifact(_row("t1", "a2"))
+    catalog.set_pinned("t1", "a2", True, "test")
+    assert catalog.tombstone("t1", "a1", "ttl")
+    assert not catalog.tombstone("t1", "a1", "ttl"), "deleting twice is a no-op"
+    assert not catalog.tombstone("t1", "a2", "ttl"), "a pinned artifact is never tombstoned"
+    assert [r.artifact_id for r in catalog.artifacts("t1")] == ["a2"]
+    gone = catalog.find("t1", "a1")
+    assert gone is not None and gone.state == "deleted" and gone.deleted_by == "ttl"
+    assert "was deleted at " in gone.tombstone() and "by policy ttl" in gone.tombstone()
+    actions = [(e.action, e.artifact_id) for e in catalog.audit("t1")]
+    assert actions == [("offload", "a1"), ("offload", "a2"), ("pin", "a2"), ("delete", "a1")]
+    catalog.close()

@@ -1,0 +1,164 @@
+"""`spillbox offload`: files admitted as one step, printed as text or JSON lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from spillbox.cli import main
+from spillbox.notice import parse_notice
+
+JSON_KEYS = [
+    "call_id",
+    "tool",
+    "offloaded",
+    "reason",
+    "tokens",
+    "tokens_exact",
+    "inline_tokens",
+    "bytes",
+    "sha256",
+    "path",
+    "text",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reads SPILLBOX_* from the process: start every test from none."""
+    for name in list(os.environ):
+        if name.startswith("SPILLBOX_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    rows = [{"id": i, "title": f"PR {i}", "body": "text of the change " * 40} for i in range(400)]
+    paths = {
+        "big": tmp_path / "list_prs.json",
+        "small": tmp_path / "echo.txt",
+        "png": tmp_path / "image.png",
+    }
+    paths["big"].write_text(json.dumps(rows, indent=2))
+    paths["small"].write_text("hello from a tool")
+    paths["png"].write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    return paths
+
+
+def offload(home: Path, *args: str) -> int:
+    return main(["offload", "--task", "t1", "--home", str(home), "--sandbox", "none", *args])
+
+
+def test_offload_prints_each_admitted_text_in_order(
+    home: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert offload(home, str(files["small"]), str(files["big"])) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hello from a tool\n")
+    fields = parse_notice(out[len("hello from a tool\n") :])
+    assert fields is not None
+    assert fields["tool"] == "list_prs"
+    assert fields["call_id"] == "list_prs.json"
+    assert fields["reason"].startswith("per_call")
+    assert Path(fields["path"]).read_bytes() == files["big"].read_bytes()
+
+
+def test_offload_json_has_exactly_the_documented_keys(
+    home: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert offload(home, "--json", str(files["big"]), str(files["small"]), str(files["png"])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    big, small, png = (json.loads(line) for line in lines)
+    for item in (big, small, png):
+        assert list(item) == JSON_KEYS
+
+    data = files["big"].read_bytes()
+    assert big["call_id"] == "list_prs.json" and big["tool"] == "list_prs"
+    assert (big["offloaded"], big["reason"], big["tokens_exact"]) == (True, "per_call", False)
+    assert big["tokens"] > 6_000
+    assert big["bytes"] == len(data)
+    assert big["sha256"] == hashlib.sha256(data).hexdigest()
+    assert Path(big["path"]).read_bytes() == data
+    assert parse_notice(big["text"]) is not None
+    assert 0 < big["inline_tokens"] <= 400
+
+    assert small == {
+        "call_id": "echo.txt",
+        "tool": "echo",
+        "offloaded": False,
+        "reason": None,
+        "tokens": small["tokens"],
+        "tokens_exact": True,
+        "inline_tokens": small["tokens"],
+        "bytes": len("hello from a tool"),
+        "sha256": None,
+        "path": None,
+        "text": "hello from a tool",
+    }
+
+    assert (png["offloaded"], png["reason"], png["tokens"], png["tokens_exact"]) == (
+        True,
+        "binary",
+        None,
+        None,
+    )
+    assert Path(png["path"]).read_bytes() == files["png"].read_bytes()
+
+
+def test_tool_flag_names_every_result(
+    home: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert offload(home, "--json", "--tool", "search", str(files["small"])) == 0
+    assert json.loads(capsys.readouterr().out)["tool"] == "search"
+
+
+def test_files_are_one_step_for_the_aggregate(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPILLBOX_AGGREGATE_TOKENS", "1000")
+    names = []
+    for i, words in enumerate([300, 700, 500]):
+        path = tmp_path / f"r{i}.txt"
+        path.write_text("word " * words)
+        names.append(str(path))
+    assert offload(home, "--json", *names) == 0
+    reasons = [json.loads(line)["reason"] for line in capsys.readouterr().out.splitlines()]
+    assert reasons == [None, "aggregate", None]  # the largest alone brings it under
+
+
+def test_a_missing_file_is_one_line_on_stderr(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = offload(home, str(tmp_path / "nope.json"))
+    captured = capsys.readouterr()
+    assert code != 0
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+    assert "nope.json" in captured.err
+
+
+def test_an_unwritable_home_is_one_line_on_stderr(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    code = offload(blocker / "home", str(files["small"]))
+    captured = capsys.readouterr()
+    assert code != 0
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+    assert "home" in captured.err
+
+
+def test_a_missing_task_argument_is_a_usage_error(
+    home: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["offload", "--home", str(home), "--sandbox", "none", str(files["small"])])
+    assert info.value.code != 0
+    assert "--task" in capsys.readouterr().err
