@@ -20,7 +20,7 @@ image: install docker
 	$(BIN)/spillbox image build
 
 demo: image
-	$(BIN)/python examples/sample_offload.py
+	$(BIN)/spillbox demo
 
 lint: install
 	$(BIN)/ruff check runtime tests benchmarks examples

@@ -272,10 +272,12 @@ class Catalog:
         return found
 
     def close_task(self, task_id: str, delete_after: float | None) -> None:
+        """Close a task, or re-close a closed one with a new deadline (a removal that a
+        pin held back clears it, so collection does not retry the removal on every run)."""
         with self.transaction("closing a task") as conn:
             conn.execute(
-                "UPDATE tasks SET state = 'closed', closed_at = ?, delete_after = ? "
-                "WHERE task_id = ? AND state = 'open'",
+                "UPDATE tasks SET state = 'closed', closed_at = COALESCE(closed_at, ?), "
+                "delete_after = ? WHERE task_id = ? AND state IN ('open', 'closed')",
                 (time.time(), delete_after, task_id),
             )
 
