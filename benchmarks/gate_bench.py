@@ -6,7 +6,9 @@ bodies, generated deterministically) one run measures, as medians:
 - full count: len(enc.encode_ordinary(text)) with the default tiktoken encoding, the floor
   a naive gate pays just to learn that a result is large;
 - gate: Task.admit of the result (decide, then store and write the notice when it is
-  offloaded) with sandbox="none", a fresh task per run, into a temporary home.
+  offloaded) with sandbox="none", a fresh task per run, into a temporary home;
+- store floor (printed under the table): what storing alone must cost, encoding the
+  text, one sha256 and writing the file, so the gate's own overhead can be told apart.
 
 The ratio gate / full count is the figure to read (absolute times on a shared 2-core
 machine are noisy). Targets (issue 2): a 40 MB result decided and stored in under 5% of
@@ -18,6 +20,7 @@ its full count; a 4 KB inline result through the gate in under 2 ms.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
@@ -57,27 +60,38 @@ _WORDS = (
 
 
 def pull_requests(target_bytes: int, seed: int = 1) -> str:
-    """A pretty-printed JSON array of PR-like objects, about target_bytes long."""
+    """A pretty-printed JSON array of PR-like objects, target_bytes long (ASCII)."""
     rng = random.Random(seed)
     prs: list[dict[str, Any]] = []
-    size = 2
+    size = len("[\n\n]")
     while size < target_bytes:
-        number = len(prs) + 1
-        pr = {
-            "id": 900_000_000 + number,
-            "number": number,
-            "title": " ".join(rng.choices(_WORDS, k=rng.randint(4, 9))).capitalize(),
-            "state": rng.choice(_STATES),
-            "user": {"login": f"dev-{rng.randint(1, 400)}", "id": rng.randint(1, 10**7)},
-            "labels": [{"name": name} for name in rng.sample(_LABELS, k=rng.randint(0, 3))],
-            "draft": rng.random() < 0.1,
-            "created_at": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T09:30:00Z",
-            "comments": rng.randint(0, 40),
-            "body": " ".join(rng.choices(_WORDS, k=rng.randint(60, 600))),
-        }
+        pr = _pull_request(rng, len(prs) + 1)
+        # Its bytes inside the array: indented two more, then ",\n" (or the "\n" before "]").
+        cost = len(json.dumps(pr, indent=2).replace("\n", "\n  ")) + 2 + 2
+        over = size + cost - target_bytes
+        if over > 0:  # the last one: shorten its body to land on the target
+            if over >= len(pr["body"]) and prs:
+                break
+            pr["body"] = pr["body"][: max(0, len(pr["body"]) - over)]
+            cost -= min(over, cost)
         prs.append(pr)
-        size += len(json.dumps(pr, indent=2)) + 4  # indentation and separator, roughly
+        size += cost
     return json.dumps(prs, indent=2)
+
+
+def _pull_request(rng: random.Random, number: int) -> dict[str, Any]:
+    return {
+        "id": 900_000_000 + number,
+        "number": number,
+        "title": " ".join(rng.choices(_WORDS, k=rng.randint(4, 9))).capitalize(),
+        "state": rng.choice(_STATES),
+        "user": {"login": f"dev-{rng.randint(1, 400)}", "id": rng.randint(1, 10**7)},
+        "labels": [{"name": name} for name in rng.sample(_LABELS, k=rng.randint(0, 3))],
+        "draft": rng.random() < 0.1,
+        "created_at": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T09:30:00Z",
+        "comments": rng.randint(0, 40),
+        "body": " ".join(rng.choices(_WORDS, k=rng.randint(60, 600))),
+    }
 
 
 def _median_ms(fn: Callable[[], object], runs: int) -> float:
@@ -105,6 +119,19 @@ def _gate_ms(harness: Harness, payload: str, runs: int) -> tuple[float, str | No
     return statistics.median(times) * 1000, reason
 
 
+def _store_floor_ms(folder: Path, payload: str, runs: int) -> float:
+    times = []
+    for i in range(runs):
+        path = folder / f"floor-{i}.bin"
+        start = time.perf_counter()
+        data = payload.encode()
+        hashlib.sha256(data).hexdigest()
+        path.write_bytes(data)
+        times.append(time.perf_counter() - start)
+        path.unlink()
+    return statistics.median(times) * 1000
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
     """Measure every size in one run; one dict per row, the last for the inline result."""
     counter = default_counter()
@@ -120,6 +147,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             payload = pull_requests(target)
             full_ms = _median_ms(lambda p=payload: counter.count(p), runs)
             gate_ms, reason = _gate_ms(harness, payload, runs)
+            floor_ms = _store_floor_ms(Path(home), payload, runs)
             rows.append(
                 {
                     "payload": label,
@@ -129,6 +157,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "gate_ms": gate_ms,
                     "ratio": gate_ms / full_ms,
                     "reason": reason,
+                    "store_floor_ms": floor_ms,
                 }
             )
 
@@ -148,6 +177,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 "gate_ms": gate_ms,
                 "ratio": gate_ms / full_ms,
                 "reason": None,
+                "store_floor_ms": 0.0,
             }
         )
     return rows
@@ -176,6 +206,10 @@ def main(argv: list[str]) -> int:
     )
     offloaded = ", ".join(f"{row['payload']}: {row['reason'] or 'inline'}" for row in rows[:-1])
     print(f"gate decisions: {offloaded}")
+    floors = ", ".join(
+        f"{row['payload']}: {row['store_floor_ms']:.2f} ms" for row in rows[:-1] if row["reason"]
+    )
+    print(f"store floor (encode + sha256 + write, no gate): {floors}")
     return 0
 
 

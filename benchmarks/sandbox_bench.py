@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -246,6 +247,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         for part in ("offload", "container", "sql"):
             if (home / part).exists():
                 cleanup_home(home / part)
+        shutil.rmtree(home, ignore_errors=True)
     return {
         "quick": quick,
         "offload": offload,

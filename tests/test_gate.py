@@ -20,9 +20,10 @@ class FakeStore:
     def __init__(self) -> None:
         self.calls: list[Offload] = []
 
-    def __call__(self, offload: Offload) -> tuple[object, str]:
+    def __call__(self, offload: Offload) -> tuple[object, str, int]:
         self.calls.append(offload)
-        return offload.data, f"[offloaded {offload.result.call_id}: {offload.reason}]"
+        notice = f"[offloaded {offload.result.call_id}: {offload.reason}]"
+        return offload.data, notice, default_counter().count(notice)
 
 
 def gate(results: Sequence[ToolResult], policy: Policy) -> tuple[list[Decision], FakeStore]:
@@ -64,10 +65,15 @@ def check_invariants(
     # No inline result is over the per-call threshold.
     assert all(d.inline_tokens <= policy.per_call_tokens for d in decisions if d.reason is None)
 
-    # The aggregate rule offloads a prefix of: non-errors before errors, largest first,
-    # ties by call order; the shortest prefix that fits, or all of them if none does.
-    order = sorted(sizes, key=lambda i: (results[i].is_error, -sizes[i], i))
-    offloaded = {i for i in sizes if decisions[i].reason == "aggregate"}
+    # The aggregate rule offloads a prefix of its candidates (results larger than any
+    # notice can be): non-errors before errors, largest first, ties by call order; the
+    # shortest prefix that fits, or all of them if none does. Others never go.
+    candidates = [
+        i for i in sizes if sizes[i] > policy.notice_max_tokens and results[i].offloadable
+    ]
+    assert all(decisions[i].reason is None for i in sizes if i not in candidates)
+    order = sorted(candidates, key=lambda i: (results[i].is_error, -sizes[i], i))
+    offloaded = {i for i in candidates if decisions[i].reason == "aggregate"}
     k = len(offloaded)
     assert offloaded == set(order[:k])
     inline_total = sum(d.inline_tokens for d in decisions)
@@ -147,22 +153,22 @@ def test_notices_count_toward_the_aggregate() -> None:
     results = [
         ToolResult("big1", "t", words(7_000)),
         ToolResult("big2", "t", words(7_000)),
-        ToolResult("fits", "t", words(50)),
+        ToolResult("fits", "t", words(500)),
     ]
     counter = default_counter()
     notices = 2 * counter.count("[offloaded big1: per_call]")
-    policy = Policy(aggregate_tokens=notices + counter.count(words(50)) - 1)
+    policy = Policy(aggregate_tokens=notices + counter.count(words(500)) - 1)
     decisions, _ = gate(results, policy)
     assert [d.reason for d in decisions] == ["per_call", "per_call", "aggregate"]
 
 
-def test_when_notices_outweigh_results_everything_is_offloaded() -> None:
-    # The aggregate cannot be reached: each notice is larger than its result. The gate
-    # still offloads every result (in order) and the total stays over the threshold.
+def test_results_no_larger_than_a_notice_stay_inline() -> None:
+    # Offloading a result smaller than a notice would grow the total, not shrink it: the
+    # gate leaves such results inline even when the step stays over the threshold.
     results = [ToolResult(f"c{i}", "t", "ok") for i in range(5)]
     policy = Policy(aggregate_tokens=3)
     decisions, _ = gate(results, policy)
-    assert all(d.reason == "aggregate" for d in decisions)
+    assert all(d.reason is None for d in decisions)
     assert sum(d.inline_tokens for d in decisions) > policy.aggregate_tokens
     check_invariants(results, decisions, policy, default_counter())
 

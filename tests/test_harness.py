@@ -234,6 +234,9 @@ def check_step(items: Sequence[Admitted], results: Sequence[ToolResult], policy:
         if item.reason == "aggregate":
             assert item.tokens is not None and item.tokens <= policy.per_call_tokens
             eligible[i] = item.tokens
+    # Only results larger than any notice can be are worth offloading by the aggregate.
+    eligible = {i: n for i, n in eligible.items() if n > policy.notice_max_tokens}
+    assert all(item.reason != "aggregate" for i, item in enumerate(items) if i not in eligible)
     order = sorted(eligible, key=lambda i: (results[i].is_error, -eligible[i], i))
     k = sum(1 for i in eligible if items[i].reason == "aggregate")
     assert {i for i in eligible if items[i].reason == "aggregate"} == set(order[:k])

@@ -50,7 +50,7 @@ def facts_for(text: str, **changes: object) -> NoticeFacts:
 
 
 def notice(facts: NoticeFacts) -> str:
-    return render(facts, default_counter(), MAX_TOKENS, PREVIEW)
+    return render(facts, default_counter(), MAX_TOKENS, PREVIEW)[0]
 
 
 def test_notice_states_every_fact_and_parses_back() -> None:

@@ -98,22 +98,22 @@ def test_token_count_labels_estimates() -> None:
 def test_count_within_is_exact_under_the_limit(counter: TiktokenCounter) -> None:
     text = "hello world " * 100
     exact = counter.count(text)
-    assert count_within(counter, text, exact) == exact
-    assert count_within(counter, text, exact + 1000) == exact
-    assert count_within(counter, text, exact - 1) is None
+    assert count_within(counter, text, exact) == (True, exact)
+    assert count_within(counter, text, exact + 1000) == (True, exact)
+    assert count_within(counter, text, exact - 1)[0] is False
 
 
 def test_count_within_a_word_cut_does_not_call_a_text_at_the_limit_over_it(
     counter: TiktokenCounter,
 ) -> None:
-    # A prefix cut inside a word can count more than the whole word ("internation" is 3
+    # A prefix cut inside a word can count more than the whole word ("internationa" is 3
     # tokens, "internationalization" 2): a text exactly at the limit must not look over it.
     text = "\n" * 10 + "  " + "\n" * 10 + "responsibilitiesresponsibilities responsibilities"
     exact = counter.count(text)
     first_prefix = 8 * exact
     assert len(text) > first_prefix
     assert counter.count(text[:first_prefix]) > exact  # the trap is real
-    assert count_within(counter, text, exact) == exact
+    assert count_within(counter, text, exact) == (True, exact)
 
 
 @settings(max_examples=150, deadline=None)
@@ -131,14 +131,16 @@ def test_count_within_matches_the_exact_count(
     counter = default_counter()
     text = separators.join(words)
     exact = counter.count(text)
-    assert count_within(counter, text, limit) == (exact if exact <= limit else None)
+    within, counted = count_within(counter, text, limit)
+    assert within == (exact <= limit)
+    assert counted in (exact, None)
 
 
 def test_count_within_counts_only_a_bounded_prefix_of_40_mb(counter: TiktokenCounter) -> None:
     chunk = pr_json(1_000_000)
     payload = chunk * 40
     recording = RecordingCounter(counter)
-    assert count_within(recording, payload, 6_000) is None
+    assert count_within(recording, payload, 6_000) == (False, None)
     cap = 6_000 * counter.max_token_chars + 1
     assert max(recording.lengths) <= cap
     assert sum(recording.lengths) < len(payload) / 100
@@ -149,7 +151,7 @@ def test_count_within_stays_bounded_on_degenerate_text(counter: TiktokenCounter,
     # One repeated character: no word boundaries, and for spaces 128 characters a token.
     payload = char * 2_000_000
     recording = RecordingCounter(counter)
-    assert count_within(recording, payload, 6_000) is None
+    assert count_within(recording, payload, 6_000) == (False, None)
     assert sum(recording.lengths) <= 2 * (6_000 * counter.max_token_chars + 1)
 
 

@@ -7,7 +7,8 @@ Rules, in order:
 3. If the step's inline total (notices included) is over the aggregate threshold, the
    largest inline result is offloaded ("aggregate"), then the next largest, until it
    fits. Error results go only after every non-error result; ties go by call order,
-   so the same step always gives the same decisions.
+   so the same step always gives the same decisions. Results no larger than a notice
+   may be (notice_max_tokens) stay: offloading them would not shrink the total.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ class Offload:
     tokens: TokenCount | None
 
 
-OffloadFn = Callable[[Offload], tuple[object, str]]
-"""Stores one result; returns (artifact, notice text)."""
+OffloadFn = Callable[[Offload], tuple[object, str, int]]
+"""Stores one result; returns (artifact, notice text, the notice's tokens)."""
 
 
 @dataclass(frozen=True)
@@ -98,25 +99,29 @@ def admit(
 
     def store(i: int, reason: Reason, tokens: TokenCount | None) -> None:
         data, text = payloads[i]
-        artifact, notice = offload(Offload(results[i], data, text, reason, tokens))
-        decisions[i] = Decision(results[i], notice, counter.count(notice), tokens, reason, artifact)
+        artifact, notice, notice_tokens = offload(Offload(results[i], data, text, reason, tokens))
+        decisions[i] = Decision(results[i], notice, notice_tokens, tokens, reason, artifact)
 
     for i, (_, text) in enumerate(payloads):
         if text is None:
             store(i, "binary", None)
             continue
-        exact = count_within(counter, text, policy.per_call_tokens)
-        if exact is None:
-            store(i, "per_call", total(counter, text))
-        else:
+        within, exact = count_within(counter, text, policy.per_call_tokens)
+        if within and exact is not None:
             inline[i] = (text, exact)
+        else:
+            whole = TokenCount(exact, exact=True) if exact is not None else total(counter, text)
+            store(i, "per_call", whole)
 
     def inline_total() -> int:
         offloaded = sum(d.inline_tokens for d in decisions if d is not None)
         return offloaded + sum(tokens for _, tokens in inline.values())
 
-    # Largest first, non-errors before errors, ties by call order.
-    candidates = [i for i in inline if results[i].offloadable]
+    # Largest first, non-errors before errors, ties by call order. A result no larger
+    # than a notice can be is left inline: offloading it would not shrink the total.
+    candidates = [
+        i for i in inline if results[i].offloadable and inline[i][1] > policy.notice_max_tokens
+    ]
     order = sorted(candidates, key=lambda i: (results[i].is_error, -inline[i][1], i))
     for i in order:
         if inline_total() <= policy.aggregate_tokens:

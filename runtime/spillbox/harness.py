@@ -187,8 +187,8 @@ class Harness:
             return  # already deleted by someone else, or pinned in the meantime
         storage = self.backend.storage(row.task_id)
         storage.remove(row.name)
-        storage.remove_copies(row.sha256, row.bytes)
         self.backend.forget_derived(storage)
+        storage.remove_copies(row.sha256, row.bytes)
 
     def gc(self, dry_run: bool = False) -> list[gc.Removal]:
         """Remove what retention says must go, and anything orphaned; idempotent."""
@@ -273,7 +273,9 @@ class Task:
         data, text = result.payload()
         tokens = None if text is None else total(self.harness.counter, text)
         with self._lock:
-            artifact, notice = self._offload(Offload(result, data, text, reason, tokens))
+            artifact, notice, notice_tokens = self._offload(
+                Offload(result, data, text, reason, tokens)
+            )
         return Admitted(
             call_id=result.call_id,
             tool=result.tool,
@@ -282,7 +284,7 @@ class Task:
             reason=reason,
             tokens=tokens.tokens if tokens else None,
             tokens_exact=tokens.exact if tokens else None,
-            inline_tokens=self.harness.counter.count(notice),
+            inline_tokens=notice_tokens,
             artifact=artifact,
             is_error=result.is_error,
         )
@@ -426,7 +428,7 @@ class Task:
             "unpin some, or raise --max-bytes / --max-artifacts"
         )
 
-    def _offload(self, offload: Offload) -> tuple[Artifact, str]:
+    def _offload(self, offload: Offload) -> tuple[Artifact, str, int]:
         backend, policy, catalog = self.harness.backend, self.harness.policy, self.harness.catalog
         result, data, text = offload.result, offload.data, offload.text
         redactions = 0
@@ -443,7 +445,7 @@ class Task:
         else:
             self._make_room(len(data))
             stem = safe_name(result.call_id)
-            stored = backend.put(self.storage, stem, shape.extension, data)
+            stored = backend.put(self.storage, stem, shape.extension, data, digest)
         artifact = Artifact(
             id=stored.name.rsplit(".", 1)[0],
             task_id=self.id,
@@ -502,8 +504,10 @@ class Task:
             aggregate_limit=policy.aggregate_tokens,
             redactions=redactions if self.retention.redact else None,
         )
-        notice = render(facts, self.harness.counter, policy.notice_max_tokens, policy.preview_chars)
-        return artifact, notice
+        notice, notice_tokens = render(
+            facts, self.harness.counter, policy.notice_max_tokens, policy.preview_chars
+        )
+        return artifact, notice, notice_tokens
 
 
 def _write_new(target: Path, data: bytes) -> None:

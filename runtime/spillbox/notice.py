@@ -95,14 +95,17 @@ class NoticeFacts:
     """Secrets replaced before storing, when the task's policy redacts (None: it does not)."""
 
 
-def render(facts: NoticeFacts, counter: TokenCounter, max_tokens: int, preview_chars: int) -> str:
-    """The notice text, shrunk (fewer keys, shorter previews, then shorter ids) until it
-    fits max_tokens."""
+def render(
+    facts: NoticeFacts, counter: TokenCounter, max_tokens: int, preview_chars: int
+) -> tuple[str, int]:
+    """The notice text and its tokens, shrunk (fewer keys, shorter previews, then shorter
+    ids) until it fits max_tokens."""
     keys_shown, chars, id_chars = MAX_KEYS, preview_chars, MAX_ID_CHARS
     while True:
         text = _render(facts, keys_shown, chars, id_chars)
-        if counter.count(text) <= max_tokens or id_chars <= MIN_ID_CHARS:
-            return text
+        tokens = counter.count(text)
+        if tokens <= max_tokens or id_chars <= MIN_ID_CHARS:
+            return text, tokens
         if keys_shown > 5:
             keys_shown //= 2
         elif chars > 10:

@@ -198,7 +198,7 @@ def _line_page(lines: list[str], start: Position, counter: TokenCounter, budget:
     taken: list[str] = []
     used = 0
     while index < len(lines):
-        tokens = counter.count(lines[index])
+        tokens = counter.count(_as_json(lines[index]))
         if used + tokens > budget:
             if not taken:
                 return _slice_of_one("lines", lines[index], start, len(lines), counter, budget)
@@ -216,14 +216,19 @@ def _slice_of_one(
     index, offset = start
     if index >= total:
         return Page(unit, start, start, total, [] if unit == "records" else None, "", False)
-    # Grow the slice by halving what is left until it fits; each token is at least one
-    # character, so budget characters always fit.
+    # Shrink the slice by halves until it fits, as the model sees it: JSON-escaped
+    # (a quote or a control character costs more escaped than raw).
     size = min(len(whole) - offset, budget * counter.max_token_chars)
-    while size > budget and counter.count(whole[offset : offset + size]) > budget:
+    while size > 1 and counter.count(_as_json(whole[offset : offset + size])) > budget:
         size //= 2
     end_offset = offset + max(size, 1)
     end: Position = (index + 1, 0) if end_offset >= len(whole) else (index, end_offset)
     return Page(unit, start, end, total, None, whole[offset:end_offset], True)
+
+
+def _as_json(text: str) -> str:
+    """Text as it appears in read_artifact's JSON result, where its tokens are counted."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _byte_page(data: bytes, start: Position, budget: int) -> Page:

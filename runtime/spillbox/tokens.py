@@ -85,23 +85,24 @@ class TokenCount:
         return f"{self.tokens}" if self.exact else f"~{self.tokens} (estimated)"
 
 
-def count_within(counter: TokenCounter, text: str, limit: int) -> int | None:
-    """The exact count of text if it is at most limit tokens, else None.
+def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, int | None]:
+    """(whether text is at most limit tokens, its exact count if the whole was counted).
 
     Costs time bounded by limit, not by len(text): prefixes of growing size are counted
     until one is over the limit. A prefix of limit * max_token_chars characters has
     more than limit tokens whatever it holds, so the loop stops by then at the latest.
+    A short text is counted whole once, and that count serves as its exact total too.
     """
     size = max(limit, 1) * _FIRST_PREFIX_CHARS_PER_TOKEN
     cap = max(limit, 1) * counter.max_token_chars + 1
     while True:
         if size >= len(text):
             tokens = counter.count(text)
-            return tokens if tokens <= limit else None
+            return tokens <= limit, tokens
         if size >= cap:  # more than cap characters: over the limit, no need to count
-            return None
+            return False, None
         if counter.count(_prefix(text, size)) > limit:
-            return None
+            return False, None
         size = min(size * 2, cap)
 
 
@@ -111,7 +112,7 @@ def _prefix(text: str, size: int) -> str:
 
     Tokenizers start a new piece there, so the prefix's tokens are the first tokens of
     the whole text, and a prefix over the limit proves the text is over it. Cut inside
-    a word, a prefix can count more than the whole ("internation" is 3 cl100k tokens,
+    a word, a prefix can count more than the whole ("internationa" is 3 cl100k tokens,
     "internationalization" 2), and a text at the limit would be called over it.
     """
     floor = max(size - _PREFIX_CUT_SEARCH_CHARS, 0)

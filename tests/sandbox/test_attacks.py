@@ -6,17 +6,20 @@ the engine has it; gVisor is an optional stronger mode, so its absence skips, ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spillbox import Harness, Task, ToolResult
+from spillbox import Harness, SpillboxError, Task, ToolResult
 from spillbox.sandbox.docker import (
     LABEL_EXPIRES,
     LABEL_OWNER,
@@ -96,13 +99,18 @@ for name in os.listdir("/proc"):
             cmdline = f.read().replace(b"\\0", b" ").decode(errors="replace")
     except OSError:
         continue  # exited meanwhile
-    left.append([int(fields["Uid"][0]), fields["Name"][0], cmdline])
+    # A zombie, or a process with SIGKILL pending that the kernel has yet to tear down,
+    # is already dead.
+    pending = int(fields["SigPnd"][0], 16) | int(fields["ShdPnd"][0], 16)
+    dead = fields["State"][0] in ("Z", "X") or pending & (1 << 8)
+    if not dead:
+        left.append([int(fields["Uid"][0]), fields["Name"][0], cmdline])
 print(json.dumps(left))
 """
 
 
 def script_leftovers(task: Task) -> list[list[Any]]:
-    """Processes of the script uid still alive in the task's container (this probe aside)."""
+    """Live processes of the script uid in the task's container (this probe aside)."""
     return [p for p in probe(task, LEFTOVERS) if p[0] == SCRIPT_UID]
 
 
@@ -416,8 +424,7 @@ def test_the_host_never_follows_a_planted_symlink(task: Task, tmp_path: Path) ->
     )
     assert planted.exit_code == 0, planted.stderr
     assert (task.storage.work / "file-link").is_symlink()
-    assert task.artifacts() == [admitted.artifact.name]
-    assert task.storage.find_identical(b"keep me") is None
+    assert [row.name for row in task.artifacts()] == [admitted.artifact.name]
     root = task.storage.root
     task.close(delete=True)
     assert not root.exists()
@@ -509,6 +516,57 @@ def test_hostile_sql_is_refused(task: Task) -> None:
     allowed = task.exec("sql", "COPY (SELECT 1 AS x) TO '/sandbox/work/out.csv'")
     assert allowed.exit_code == 0, allowed.stderr  # the refusals above are not a broken engine
     assert (task.storage.work / "out.csv").read_text().split() == ["x", "1"]
+
+
+SWAP_DIR_FOR_SYMLINK = """
+cd /sandbox/work
+end=$(( $(date +%s) + 20 ))
+while [ ! -e stop ] && [ $(date +%s) -lt $end ]; do
+    mkdir -p sub.d && cp /tmp/known sub.d/copy && rm -f sub && mv sub.d sub
+    sleep 0.01
+    mv sub sub.d && ln -s {target} sub
+    sleep 0.01
+done
+"""
+
+
+def test_deleting_an_artifact_never_follows_a_symlink_swapped_into_work(
+    task: Task, tmp_path: Path
+) -> None:
+    """Deleting an artifact also deletes its copies in work/; a script that swaps a folder
+    of work/ for a symlink between the host's listing and its unlink must not make the host
+    delete a file outside the task (here one whose bytes the script knows)."""
+    known = "".join(f"line {i} of a host file whose bytes are public\n" for i in range(800))
+    victim = tmp_path / "host-folder" / "copy"
+    victim.parent.mkdir()
+    victim.write_text(known)
+    [admitted] = task.admit([ToolResult(call_id="known", tool="t", content=known)])
+    assert admitted.artifact is not None
+    # Same-size decoys are hashed before sub/copy, which widens the window for the swap.
+    prepared = task.exec(
+        "python",
+        f"data = open({admitted.artifact.path!r}, 'rb').read()\n"
+        "open('/tmp/known', 'wb').write(data)\n"
+        "for i in range(300):\n"
+        "    open(f'/sandbox/work/decoy-{i}', 'wb').write(b'#' + data[1:])\n",
+    )
+    assert prepared.exit_code == 0, prepared.stderr
+    with ThreadPoolExecutor(1) as pool:
+        swapping = pool.submit(
+            task.exec, "sh", SWAP_DIR_FOR_SYMLINK.format(target=victim.parent), timeout=30
+        )
+        try:
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline and victim.exists():
+                # Files vanishing under the walk may fail one deletion: not what this tests.
+                with contextlib.suppress(OSError, SpillboxError):
+                    task.delete("known")
+                task.admit([ToolResult(call_id="known", tool="t", content=known)])
+        finally:
+            (task.storage.work / "stop").touch()
+        assert swapping.result().exit_code == 0
+    assert victim.exists(), "the host followed a symlink planted in work/ and deleted a host file"
+    assert victim.read_text() == known
 
 
 def test_a_detached_child_of_a_finished_script_does_not_outlive_the_exec(task: Task) -> None:

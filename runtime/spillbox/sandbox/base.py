@@ -50,9 +50,11 @@ class SandboxBackend(ABC):
     def create(self, storage: TaskStorage) -> None:
         """Make the task's sandbox ready (it may finish starting in the background)."""
 
-    def put(self, storage: TaskStorage, stem: str, extension: str, data: bytes) -> StoredFile:
+    def put(
+        self, storage: TaskStorage, stem: str, extension: str, data: bytes, sha256: str
+    ) -> StoredFile:
         """Store a payload; the host writes into the task's storage, never through the sandbox."""
-        return storage.write(stem, extension, data)
+        return storage.write(stem, extension, data, sha256)
 
     @abstractmethod
     def visible_path(self, stored: StoredFile) -> str:

@@ -136,6 +136,8 @@ class DockerBackend(SandboxBackend):
         self._starting: dict[str, threading.Thread] = {}
         self._start_errors: dict[str, BaseException] = {}
         self._engines: dict[str, _SqlEngine] = {}
+        self._running: dict[str, Any] = {}
+        """The container each task's last exec used: saves a lookup (list + inspect) per exec."""
         self._lock = threading.Lock()
 
     @property
@@ -174,12 +176,7 @@ class DockerBackend(SandboxBackend):
         """The task's running container: found by label, started, or created."""
         name = self.container_name(storage)
         with docker_errors(f"finding the container of task {storage.task_id!r}"):
-            found = self.client.containers.list(
-                all=True,
-                filters={
-                    "label": [f"{LABEL_TASK}={storage.task_id}", f"{LABEL_HOME}={self._home_label}"]
-                },
-            )
+            found = self._containers({LABEL_TASK: storage.task_id})
         tag = image_tag()
         for container in found:
             if container.labels.get(LABEL_IMAGE) != tag:
@@ -191,9 +188,12 @@ class DockerBackend(SandboxBackend):
                 with docker_errors(f"starting container {name}"):
                     container.start()
                     container.reload()
+            self._running[storage.task_id] = container
             return container
         ensure_image(self.client)
-        return self._create_container(storage, name, tag)
+        container = self._create_container(storage, name, tag)
+        self._running[storage.task_id] = container
+        return container
 
     def _create_container(self, storage: TaskStorage, name: str, tag: str) -> Any:
         options = self.options
@@ -268,7 +268,7 @@ class DockerBackend(SandboxBackend):
             with self._lock:
                 self._starting.pop(storage.task_id, None)
             raise error
-        return self.container(storage)
+        return self._running.get(storage.task_id) or self.container(storage)
 
     def visible_path(self, stored: StoredFile) -> str:
         return f"{OFFLOAD_MOUNT}/{stored.name}"
@@ -287,12 +287,24 @@ class DockerBackend(SandboxBackend):
 
     def _with_container(self, storage: TaskStorage, run: Callable[[Any], _T]) -> _T:
         container = self._ready(storage)
-        try:
-            return run(container)
-        except docker.errors.NotFound:
-            # Removed from outside between lookups: payloads are on the host, so recreate.
-            self._engines.pop(storage.task_id, None)
+        with docker_errors(f"running a script in task {storage.task_id!r}"):
+            try:
+                return run(container)
+            except docker.errors.APIError as e:
+                if not isinstance(e, docker.errors.NotFound) and e.status_code != 409:
+                    raise
+            # Removed or stopped from outside, or the daemon restarted: the payloads are
+            # on the host, so find, start or recreate the container and run once more.
+            self._forget(storage.task_id)
             return run(self.container(storage))
+
+    def _forget(self, task_id: str) -> None:
+        """Drop what this process remembers of a task's container and engine."""
+        with self._lock:
+            engine = self._engines.pop(task_id, None)
+            self._running.pop(task_id, None)
+        if engine is not None:
+            engine.close()
 
     def _script(self, container: Any, lang: str, code: str, timeout: float) -> RawExec:
         api = self.client.api
@@ -302,6 +314,7 @@ class DockerBackend(SandboxBackend):
             [RUN_SCRIPT, f"{timeout:g}", lang, code],
             user=f"{SCRIPT_UID}:{SANDBOX_GID}",
             stdin=False,
+            home=f"{SANDBOX_ROOT}/work",
         )
         hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
         hard_kill.start()
@@ -402,6 +415,7 @@ class DockerBackend(SandboxBackend):
         with self._lock:
             engine = self._engines.pop(storage.task_id, None)
             thread = self._starting.pop(storage.task_id, None)
+            self._running.pop(storage.task_id, None)
         if thread is not None:
             thread.join()
             self._start_errors.pop(storage.task_id, None)
@@ -441,7 +455,11 @@ class DockerBackend(SandboxBackend):
 
     def _containers(self, labels: dict[str, str]) -> list[Any]:
         filters = [f"{k}={v}" for k, v in {LABEL_HOME: self._home_label, **labels}.items()]
-        found: list[Any] = self.client.containers.list(all=True, filters={"label": filters})
+        # ignore_removed: a container being created or removed by another thread can be
+        # listed and then vanish before the SDK inspects it.
+        found: list[Any] = self.client.containers.list(
+            all=True, filters={"label": filters}, ignore_removed=True
+        )
         return found
 
     def list(self) -> list[str]:
@@ -510,17 +528,14 @@ class _ExecStream:
     ours to set.
     """
 
-    def __init__(self, api: Any, container_id: str, cmd: list[str], user: str, stdin: bool) -> None:
-        with docker_errors("starting a process in the sandbox"):
-            self.exec_id: str = api.exec_create(
-                container_id,
-                cmd,
-                stdin=stdin,
-                user=user,
-                workdir=f"{SANDBOX_ROOT}/work",
-                environment={"HOME": f"{SANDBOX_ROOT}/work"},
-            )["Id"]
-            self._raw = api.exec_start(self.exec_id, socket=True)
+    def __init__(
+        self, api: Any, container_id: str, cmd: list[str], user: str, stdin: bool, home: str
+    ) -> None:
+        # Docker's errors pass through: the backend retries a vanished container once.
+        self.exec_id: str = api.exec_create(
+            container_id, cmd, stdin=stdin, user=user, workdir=home, environment={"HOME": home}
+        )["Id"]
+        self._raw = api.exec_start(self.exec_id, socket=True)
         self._sock: socket.socket = getattr(self._raw, "_sock", self._raw)
 
     def settimeout(self, seconds: float | None) -> None:
@@ -567,6 +582,7 @@ class _SqlEngine:
             ["python3", SQL_ENGINE],
             user=f"{ENGINE_UID}:{SANDBOX_GID}",
             stdin=True,
+            home=f"{SANDBOX_ROOT}/cache",  # DuckDB keeps its own files in HOME
         )
         self._buffer = bytearray()
         self._errors = bytearray()

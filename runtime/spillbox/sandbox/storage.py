@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,15 +99,18 @@ class TaskStorage:
                 "check --home / SPILLBOX_HOME points to a writable folder"
             ) from e
 
-    def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
+    def write(
+        self, stem: str, extension: str, data: bytes, sha256: str | None = None
+    ) -> StoredFile:
         """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken.
 
         The bytes go to a temp file first and are linked into place only when complete,
         so a reader (or a crash) never sees half a payload, and an existing file is never
-        replaced.
+        replaced. sha256, if the caller has it already, saves hashing the data again.
         """
-        self.ensure()
-        digest = hashlib.sha256(data).hexdigest()
+        if not self.incoming.is_dir():
+            self.ensure()
+        digest = sha256 or hashlib.sha256(data).hexdigest()
         try:
             fd, tmp = tempfile.mkstemp(dir=self.incoming, prefix="payload-")
             try:
@@ -146,19 +150,24 @@ class TaskStorage:
         if "/" not in name and (path.is_file() or path.is_symlink()):
             path.unlink()
 
-    def remove_copies(self, sha256: str, size: int) -> list[Path]:
-        """Delete regular files in work/ with exactly these bytes: copies a script made."""
-        removed = []
-        for entry in _walk_files(self.work):
-            if entry.stat(follow_symlinks=False).st_size != size:
-                continue
-            digest = hashlib.sha256()
-            with open(entry.path, "rb", opener=_no_follow) as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-            if digest.hexdigest() == sha256:
-                os.unlink(entry.path)
-                removed.append(Path(entry.path))
+    def remove_copies(self, sha256: str, size: int) -> int:
+        """Delete regular files in work/ with exactly these bytes: copies a script made.
+
+        work/ is writable by hostile code, which may swap a folder for a symlink at any
+        moment: every step goes through file descriptors of folders already opened
+        (os.fwalk without following links), so nothing outside work/ is read or deleted.
+        """
+        removed = 0
+        if not self.work.is_dir():
+            return removed
+        for _, _, files, folder in os.fwalk(self.work, follow_symlinks=False):
+            for name in files:
+                try:
+                    if _is_copy(name, folder, sha256, size):
+                        os.unlink(name, dir_fd=folder)
+                        removed += 1
+                except OSError:
+                    continue  # changed under us: it is not a copy we can prove
         return removed
 
     def clear_cache(self) -> None:
@@ -186,23 +195,20 @@ class TaskStorage:
             shutil.rmtree(self.root)
 
 
-def _walk_files(root: Path) -> list[os.DirEntry[str]]:
-    """Regular files under root, never entering or following a symlink."""
-    found: list[os.DirEntry[str]] = []
-    if not root.is_dir():
-        return found
-    stack = [str(root)]
-    while stack:
-        for entry in os.scandir(stack.pop()):
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-            elif entry.is_file(follow_symlinks=False):
-                found.append(entry)
-    return found
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW)
+def _is_copy(name: str, folder: int, sha256: str, size: int) -> bool:
+    """Whether folder/name is a regular file (not a link) holding exactly these bytes."""
+    info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+        return False
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    with os.fdopen(fd, "rb") as f:
+        opened = os.fstat(f.fileno())
+        if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+            return False
+        digest = hashlib.sha256()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest() == sha256
 
 
 def stored_task_ids(home: Path) -> list[str]:

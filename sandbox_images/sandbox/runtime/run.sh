@@ -2,24 +2,44 @@
 # Runs one code-mode script: run.sh TIMEOUT sh|python CODE
 #
 # `timeout` puts the script in its own process group and signals the whole group when
-# time is up (TERM, then KILL 2 s later), so children die with it; the host sweeps any
-# process that escaped the group (setsid) after a timeout. Whether the memory limit
-# killed something is read from the cgroup's oom_kill counter, before and after, and
-# reported as the last stderr line for the host to strip.
+# time is up (TERM, then KILL 2 s later). When the script ends, in time or not, what it
+# left running in its group (`cmd &`, nohup) is killed too; and if no other script of
+# the task is running, so is every process of the script uid, which catches one that
+# left its group with setsid. The host sweeps the uid again after a timeout.
+# Whether the memory limit killed something is read from the cgroup's oom_kill counter
+# before and after, and reported as the last stderr line for the host to strip.
 limit="$1" lang="$2" code="$3"
 
-oom_kills() {
-    sed -n 's/^oom_kill //p' /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null | head -n 1
+# Sets $oom to the cgroup's oom_kill count (v2 or v1), with shell builtins only: a
+# fork per exec is a measurable share of a 70 ms round trip.
+read_oom() {
+    oom=""
+    for events in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do
+        [ -r "$events" ] || continue
+        while read -r key value; do
+            if [ "$key" = oom_kill ]; then oom=$value; return; fi
+        done < "$events"
+    done
 }
 
-before=$(oom_kills)
 case "$lang" in
-    python) timeout -s TERM -k 2 "$limit" python3 -c "$code" ;;
-    sh) timeout -s TERM -k 2 "$limit" sh -c "$code" ;;
+    python) set -- python3 -c "$code" ;;
+    sh) set -- sh -c "$code" ;;
     *) echo "run.sh: unknown language $lang" >&2; exit 2 ;;
 esac
+
+read_oom
+before=$oom
+timeout -s TERM -k 2 "$limit" "$@" &
+group=$!
+wait "$group"
 status=$?
-if [ "$(oom_kills)" != "$before" ]; then
+kill -KILL -- "-$group" 2>/dev/null
+if [ "$(pgrep -c -u 10001 -f /opt/spillbox/run.sh)" -le 1 ]; then
+    kill -KILL -1 2>/dev/null
+fi
+read_oom
+if [ "$oom" != "$before" ]; then
     printf '\036spillbox:oom_killed\n' >&2
 fi
 exit "$status"
