@@ -1,13 +1,13 @@
 """Gate benchmark: deciding and storing a result against counting it whole.
 
-For each payload size (4 KB to 40 MB of pretty-printed JSON: pull requests with long
-bodies, generated deterministically) one run measures, as medians:
+For each payload size (4 KB to 40 MB of pretty-printed JSON: pull-request-like objects
+from common.pull_requests, deterministic) one run measures, as medians:
 
 - full count: len(enc.encode_ordinary(text)) with the default tiktoken encoding, the floor
   a naive gate pays just to learn that a result is large;
 - gate: Task.admit of the result (decide, then store and write the notice when it is
   offloaded) with sandbox="none", a fresh task per run, into a temporary home;
-- store floor (printed under the table): what storing alone must cost, encoding the
+- store floor (under the table): what storing alone must cost, encoding the
   text, one sha256 and writing the file, so the gate's own overhead can be told apart.
 
 The ratio gate / full count is the figure to read (absolute times on a shared 2-core
@@ -22,21 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
-import random
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from common import KB, MB, Target, bench_main, median_ms, pull_requests, repeat_ms, timed
 from spillbox import Harness, ToolResult
 from spillbox.tokens import default_counter
 
-KB = 1024
-MB = 1024 * KB
 SIZES: dict[str, tuple[int, int]] = {
     # label: (bytes, runs)
     "4 KB": (4 * KB, 21),
@@ -49,58 +44,8 @@ QUICK_SIZES = ("4 KB", "64 KB", "1 MB")
 INLINE_BYTES = 4 * KB
 INLINE_RUNS = 300
 QUICK_INLINE_RUNS = 50
-
-_STATES = ("open", "closed", "merged")
-_LABELS = ("bug", "enhancement", "docs", "ci", "security", "performance")
-_WORDS = (
-    "fix the flaky retry in the scheduler when a worker restarts under load and add a test "
-    "that covers the timeout path so the regression cannot come back refactor parser cache "
-    "bump dependency update docs handle unicode in titles release notes for the next version"
-).split()
-
-
-def pull_requests(target_bytes: int, seed: int = 1) -> str:
-    """A pretty-printed JSON array of PR-like objects, target_bytes long (ASCII)."""
-    rng = random.Random(seed)
-    prs: list[dict[str, Any]] = []
-    size = len("[\n\n]")
-    while size < target_bytes:
-        pr = _pull_request(rng, len(prs) + 1)
-        # Its bytes inside the array: indented two more, then ",\n" (or the "\n" before "]").
-        cost = len(json.dumps(pr, indent=2).replace("\n", "\n  ")) + 2 + 2
-        over = size + cost - target_bytes
-        if over > 0:  # the last one: shorten its body to land on the target
-            if over >= len(pr["body"]) and prs:
-                break
-            pr["body"] = pr["body"][: max(0, len(pr["body"]) - over)]
-            cost -= min(over, cost)
-        prs.append(pr)
-        size += cost
-    return json.dumps(prs, indent=2)
-
-
-def _pull_request(rng: random.Random, number: int) -> dict[str, Any]:
-    return {
-        "id": 900_000_000 + number,
-        "number": number,
-        "title": " ".join(rng.choices(_WORDS, k=rng.randint(4, 9))).capitalize(),
-        "state": rng.choice(_STATES),
-        "user": {"login": f"dev-{rng.randint(1, 400)}", "id": rng.randint(1, 10**7)},
-        "labels": [{"name": name} for name in rng.sample(_LABELS, k=rng.randint(0, 3))],
-        "draft": rng.random() < 0.1,
-        "created_at": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T09:30:00Z",
-        "comments": rng.randint(0, 40),
-        "body": " ".join(rng.choices(_WORDS, k=rng.randint(60, 600))),
-    }
-
-
-def _median_ms(fn: Callable[[], object], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+LARGE_RATIO_MAX = 0.05
+INLINE_MS_MAX = 2.0
 
 
 def _gate_ms(harness: Harness, payload: str, runs: int) -> tuple[float, str | None]:
@@ -111,25 +56,28 @@ def _gate_ms(harness: Harness, payload: str, runs: int) -> tuple[float, str | No
     for _ in range(runs):
         task_id = next(ids)
         with harness.task(task_id) as task:
-            start = time.perf_counter()
-            (admitted,) = task.admit([ToolResult(call_id="c1", tool="list_prs", content=payload)])
-            times.append(time.perf_counter() - start)
+            result = [ToolResult(call_id="c1", tool="list_prs", content=payload)]
+            seconds, (admitted,) = timed(partial(task.admit, result))
+            times.append(seconds)
             reason = admitted.reason
         harness.remove(task_id)
-    return statistics.median(times) * 1000, reason
+    return median_ms(times), reason
 
 
 def _store_floor_ms(folder: Path, payload: str, runs: int) -> float:
-    times = []
-    for i in range(runs):
-        path = folder / f"floor-{i}.bin"
-        start = time.perf_counter()
+    """Storing alone: encode the text, one sha256, write the file."""
+
+    def store(path: Path) -> None:
         data = payload.encode()
         hashlib.sha256(data).hexdigest()
         path.write_bytes(data)
-        times.append(time.perf_counter() - start)
+
+    times = []
+    for i in range(runs):
+        path = folder / f"floor-{i}.bin"
+        times.append(timed(partial(store, path))[0])
         path.unlink()
-    return statistics.median(times) * 1000
+    return median_ms(times)
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -144,8 +92,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         for label in labels:
             target, runs = SIZES[label]
             runs = max(3, runs // 2) if quick else runs
-            payload = pull_requests(target)
-            full_ms = _median_ms(lambda p=payload: counter.count(p), runs)
+            payload = pull_requests(target, seed=1)
+            full_ms = repeat_ms(partial(counter.count, payload), runs)
             gate_ms, reason = _gate_ms(harness, payload, runs)
             floor_ms = _store_floor_ms(Path(home), payload, runs)
             rows.append(
@@ -166,8 +114,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         with harness.task("bench-inline") as task:
             result = [ToolResult(call_id="c1", tool="list_prs", content=payload)]
             assert not task.admit(result)[0].offloaded
-            gate_ms = _median_ms(lambda: task.admit(result), runs)
-        full_ms = _median_ms(lambda: counter.count(payload), runs)
+            gate_ms = repeat_ms(lambda: task.admit(result), runs)
+        full_ms = repeat_ms(lambda: counter.count(payload), runs)
         rows.append(
             {
                 "payload": "4 KB inline",
@@ -183,35 +131,56 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table, then the inline result, the gate's decisions and the store floor."""
+    *sized, inline = rows
     lines = [
         "| payload | bytes | full count (ms) | gate decide+store (ms) | ratio (gate/full) |",
         "|---|---:|---:|---:|---:|",
     ]
-    for row in rows:
+    for row in sized:
         lines.append(
             f"| {row['payload']} | {row['bytes']:,} | {row['full_ms']:.2f} | "
             f"{row['gate_ms']:.2f} | {row['ratio']:.3f} |"
         )
+    decisions = ", ".join(f"{row['payload']} {row['reason'] or 'inline'}" for row in sized)
+    floors = ", ".join(
+        f"{row['payload']} {row['store_floor_ms']:.2f} ms" for row in sized if row["reason"]
+    )
+    lines += [
+        "",
+        f"4 KB inline result through the gate: {inline['gate_ms']:.3f} ms, median of "
+        f"{inline['runs']} (a full count of it: {inline['full_ms']:.3f} ms).",
+        "",
+        f"Gate decisions: {decisions}.",
+        "",
+        f"Store floor (encode + sha256 + write, no gate): {floors}.",
+    ]
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    rows = run(quick="--quick" in argv)
-    print(table(rows[:-1]))
-    inline = rows[-1]
-    print(
-        f"\n4 KB inline result through the gate: {inline['gate_ms']:.3f} ms median of "
-        f"{inline['runs']} (full count of it: {inline['full_ms']:.3f} ms)"
-    )
-    offloaded = ", ".join(f"{row['payload']}: {row['reason'] or 'inline'}" for row in rows[:-1])
-    print(f"gate decisions: {offloaded}")
-    floors = ", ".join(
-        f"{row['payload']}: {row['store_floor_ms']:.2f} ms" for row in rows[:-1] if row["reason"]
-    )
-    print(f"store floor (encode + sha256 + write, no gate): {floors}")
-    return 0
+def targets(rows: list[dict[str, Any]]) -> list[Target]:
+    """Issue 2's targets, against this run's rows."""
+    *sized, inline = rows
+    largest = next((row for row in sized if row["payload"] == "40 MB"), None)
+    return [
+        Target(
+            goal=f"a 40 MB result decided and stored in under {LARGE_RATIO_MAX:.0%} "
+            "of its full count",
+            met=None if largest is None else largest["ratio"] < LARGE_RATIO_MAX,
+            measured="quick run, no 40 MB payload"
+            if largest is None
+            else f"ratio {largest['ratio']:.3f}: {largest['gate_ms']:.0f} ms against "
+            f"{largest['full_ms']:.0f} ms",
+        ),
+        Target(
+            goal=f"a 4 KB inline result through the gate in under {INLINE_MS_MAX:g} ms",
+            met=inline["gate_ms"] < INLINE_MS_MAX,
+            measured=f"{inline['gate_ms']:.3f} ms; a full count of it takes "
+            f"{inline['full_ms']:.3f} ms, ratio {inline['ratio']:.2f}",
+        ),
+    ]
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(bench_main(run, markdown, targets, sys.argv[1:]))

@@ -169,6 +169,37 @@ def test_a_lock_held_elsewhere_waits_then_raises_a_clear_error(home: Path) -> No
     catalog.close()
 
 
+_LOCKER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+"""
+
+
+def test_a_lock_held_by_another_process_is_a_clear_error(home: Path) -> None:
+    catalog = Catalog(home, busy_timeout=0.5)
+    catalog.open_task("t1", "{}")
+    locker = subprocess.Popen(
+        [sys.executable, "-c", _LOCKER, str(home / CATALOG_FILE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+        with pytest.raises(StorageError, match="stayed locked by another process for 0.5 s"):
+            catalog.add_artifact(_row("t1", "a1"))
+    finally:
+        locker.communicate("done\n", timeout=30)
+    assert catalog.artifacts("t1") == []
+    catalog.add_artifact(_row("t1", "a1"))
+    assert [r.artifact_id for r in catalog.artifacts("t1")] == ["a1"]
+    catalog.close()
+
+
 def test_a_lock_released_in_time_is_waited_for(home: Path) -> None:
     catalog = Catalog(home, busy_timeout=5)
     catalog.open_task("t1", "{}")

@@ -62,7 +62,8 @@ def gate_chat_completions(
         for m in messages
     ]
     for message, admitted in zip(messages, task.admit(results), strict=True):
-        message["content"] = admitted.text
+        if admitted.offloaded:
+            message["content"] = _with_text(message.get("content", ""), admitted.text)
     return messages
 
 
@@ -87,7 +88,8 @@ def gate_responses(task: Task, items: Sequence[Mapping[str, Any]]) -> list[dict[
         for i in outputs
     ]
     for item, admitted in zip(outputs, task.admit(results), strict=True):
-        item["output"] = admitted.text
+        if admitted.offloaded:
+            item["output"] = _with_text(item.get("output", ""), admitted.text)
     return out
 
 
@@ -125,11 +127,12 @@ def gate_anthropic(
         for b in tool_blocks
     ]
     for block, admitted in zip(tool_blocks, task.admit(results), strict=True):
-        others = [p for p in _parts(block.get("content", "")) if p.get("type") != "text"]
-        block["content"] = (
-            [{"type": "text", "text": admitted.text}, *others] if others else admitted.text
-        )
+        if admitted.offloaded:
+            block["content"] = _with_text(block.get("content", ""), admitted.text)
     return out_message if isinstance(message, Mapping) else blocks
+
+
+_TEXT_PARTS = ("text", "input_text", "output_text")
 
 
 def _parts(content: Any) -> list[Mapping[str, Any]]:
@@ -138,15 +141,24 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
     return [p for p in content if isinstance(p, Mapping)]
 
 
+def _with_text(content: Any, text: str) -> Any:
+    """content with its text replaced by text (a notice); non-text parts (images) stay.
+
+    A result left inline is never rewritten: only offloaded ones come here.
+    """
+    parts = _parts(content)
+    others = [dict(p) for p in parts if p.get("type") not in _TEXT_PARTS]
+    if not others:
+        return text
+    kind = next((p["type"] for p in parts if p.get("type") in _TEXT_PARTS), "text")
+    return [{"type": kind, "text": text}, *others]
+
+
 def _text_of(content: Any) -> str:
     """The text of a content field: a string, or the text parts of a list of parts."""
     if isinstance(content, str):
         return content
-    return "".join(
-        str(p.get("text", ""))
-        for p in _parts(content)
-        if p.get("type") in ("text", "input_text", "output_text")
-    )
+    return "".join(str(p.get("text", "")) for p in _parts(content) if p.get("type") in _TEXT_PARTS)
 
 
 # History compaction
@@ -170,7 +182,7 @@ def compact_history(
         if parse_notice(text) is not None or task.harness.counter.count(text) < min_tokens:
             continue
         admitted = task.offload(ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), text))
-        holder[key] = admitted.text
+        holder[key] = _with_text(holder[key], admitted.text)
     return out
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from spillbox import codemode, gc
 from spillbox.catalog import ArtifactRow, Catalog
@@ -77,7 +77,25 @@ class Admitted:
     is_error: bool = False
 
 
-class Harness:
+class _ClosedOnExit:
+    """`with x:` closes x at the end of the block."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Harness(_ClosedOnExit):
     """Gates tool results into per-task sandboxes, under each task's retention policy.
 
     >>> harness = Harness(sandbox="none", home="/tmp/spillbox-doc", gc_interval=-1)
@@ -116,17 +134,6 @@ class Harness:
         if settings.gc_interval >= 0:
             self._collector = threading.Thread(target=self._collect_periodically, daemon=True)
             self._collector.start()
-
-    def __enter__(self) -> Harness:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Let go of connections, engines and the collector; tasks and sandboxes stay."""
@@ -204,7 +211,7 @@ class Harness:
                 return
 
 
-class Task:
+class Task(_ClosedOnExit):
     """One task: its storage, its sandbox, its retention policy, and the gate in front."""
 
     def __init__(
@@ -236,17 +243,6 @@ class Task:
         if open_task:
             catalog.open_task(task_id, retention.to_json())
             harness.backend.create(self.storage)
-
-    def __enter__(self) -> Task:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate)."""

@@ -34,6 +34,8 @@ SECRET_FILE = "cursor.key"
 PAGE_SHARE = 0.8
 """A page uses at most this share of the per-call threshold; the envelope needs the rest."""
 _PARSED_CACHE = 4
+_CHARS_PER_TOKEN_GUESS = 4
+"""Where the search for a slice's length starts; it doubles or bisects from there."""
 
 Position = tuple[int, int]
 """(record or line or byte index, character offset inside that record or line)."""
@@ -216,19 +218,34 @@ def _slice_of_one(
     index, offset = start
     if index >= total:
         return Page(unit, start, start, total, [] if unit == "records" else None, "", False)
-    # Shrink the slice by halves until it fits, as the model sees it: JSON-escaped
-    # (a quote or a control character costs more escaped than raw).
-    size = min(len(whole) - offset, budget * counter.max_token_chars)
-    while size > 1 and counter.count(_as_json(whole[offset : offset + size])) > budget:
-        size //= 2
-    end_offset = offset + max(size, 1)
+    rest = len(whole) - offset
+
+    def fits(size: int) -> bool:
+        # Counted as the model sees it: JSON-escaped (quotes, backslashes and control
+        # characters cost more escaped than raw).
+        return counter.count(_as_json(whole[offset : offset + size])) <= budget
+
+    # The longest slice that fits: double from a few characters a token until one is
+    # over, then bisect to within 2 %. Counting stays proportional to the page, never
+    # to the whole line, and the page is close to the budget, not a lucky fraction of it.
+    good, over = 0, min(rest, budget * _CHARS_PER_TOKEN_GUESS)
+    while fits(over):
+        good = over
+        if over == rest:
+            break
+        over = min(rest, over * 2)
+    if good < rest:
+        while over - good > max(good // 64, 1):
+            middle = (good + over) // 2
+            good, over = (middle, over) if fits(middle) else (good, middle)
+    end_offset = offset + max(good, 1)  # one character always fits: budget is at least 16
     end: Position = (index + 1, 0) if end_offset >= len(whole) else (index, end_offset)
     return Page(unit, start, end, total, None, whole[offset:end_offset], True)
 
 
 def _as_json(text: str) -> str:
-    """Text as it appears in read_artifact's JSON result, where its tokens are counted."""
-    return json.dumps(text, ensure_ascii=False)
+    """Text as it appears inside read_artifact's JSON result, where its tokens count."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def _byte_page(data: bytes, start: Position, budget: int) -> Page:

@@ -93,7 +93,10 @@ def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, in
     more than limit tokens whatever it holds, so the loop stops by then at the latest.
     A short text is counted whole once, and that count serves as its exact total too.
     """
-    size = max(limit, 1) * _FIRST_PREFIX_CHARS_PER_TOKEN
+    # A text short enough for an exact total is counted whole, once: that one count
+    # decides the threshold and is the total the notice shows.
+    first = max(limit, 1) * _FIRST_PREFIX_CHARS_PER_TOKEN
+    size = len(text) if len(text) <= EXACT_TOTAL_CHARS else first
     cap = max(limit, 1) * counter.max_token_chars + 1
     while True:
         if size >= len(text):

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from spillbox.codemode import DEFAULT_TIMEOUT, LANGS
 from spillbox.errors import SpillboxError
 from spillbox.notice import Hint
-from spillbox.paging import CURSOR_TTL_SECONDS, CursorSigner, page
+from spillbox.paging import CURSOR_TTL_SECONDS, CursorSigner, Page, page
 
 if TYPE_CHECKING:
+    from spillbox.catalog import ArtifactRow
     from spillbox.harness import Artifact, Task
 
 SANDBOX_EXEC = "sandbox_exec"
@@ -196,33 +197,21 @@ class Toolset:
             fields = self._signer.check(str(args["cursor"]), expect)
             start = (int(fields["pos"][0]), int(fields["pos"][1]))
         data = task.read(row.artifact_id, actor=READ_ARTIFACT)
-        kind = _kind(row.name)
-        slice_ = page(
-            data, row.sha256, kind, start, task.harness.counter, task.harness.policy.per_call_tokens
+        counter = task.harness.counter
+        # The page shares the per-call threshold with the JSON around it, whose path and
+        # cursor can be long: the content gets what the largest such envelope leaves.
+        most = row.bytes
+        widest = Page("records", (most, most), (most, most), most, None, "", False)
+        envelope = counter.count(_body(row, widest, self._cursor(expect, widest.end)))
+        limit = max(task.harness.policy.per_call_tokens - envelope, 1)
+        slice_ = page(data, row.sha256, _kind(row.name), start, counter, limit)
+        next_cursor = self._cursor(expect, slice_.end) if slice_.has_more else None
+        return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)
+
+    def _cursor(self, expect: dict[str, Any], end: tuple[int, int]) -> str:
+        return self._signer.sign(
+            {**expect, "pos": list(end), "exp": int(time.time() + CURSOR_TTL_SECONDS)}
         )
-        next_cursor = None
-        if slice_.has_more:
-            next_cursor = self._signer.sign(
-                {**expect, "pos": list(slice_.end), "exp": int(time.time() + CURSOR_TTL_SECONDS)}
-            )
-        body: dict[str, Any] = {"artifact_id": row.artifact_id, "path": row.path}
-        if slice_.items is not None:
-            body["items"] = slice_.items
-        else:
-            body["text"] = slice_.text
-            if slice_.unit == "bytes":
-                body["encoding"] = "base64"
-        body.update(
-            {
-                "unit": slice_.unit,
-                "position": _position(slice_.start, slice_.end),
-                "total": slice_.total,
-                "partial": slice_.partial,
-                "has_more": slice_.has_more,
-                "next_cursor": next_cursor,
-            }
-        )
-        return ToolOutput(json.dumps(body, ensure_ascii=False), offloadable=False)
 
     def _list(self) -> ToolOutput:
         rows = [
@@ -252,6 +241,28 @@ def tool_hints(plain: Sequence[Hint], artifact: Artifact, tools: frozenset[str])
     if READ_ARTIFACT in tools:
         hints.append(Hint("", "", READ_ARTIFACT, {"path": artifact.path}))
     return hints
+
+
+def _body(row: ArtifactRow, slice_: Page, next_cursor: str | None) -> str:
+    """read_artifact's result: the page, where it lies, and how to get the next one."""
+    body: dict[str, Any] = {"artifact_id": row.artifact_id, "path": row.path}
+    if slice_.items is not None:
+        body["items"] = slice_.items
+    else:
+        body["text"] = slice_.text
+        if slice_.unit == "bytes":
+            body["encoding"] = "base64"
+    body.update(
+        {
+            "unit": slice_.unit,
+            "position": _position(slice_.start, slice_.end),
+            "total": slice_.total,
+            "partial": slice_.partial,
+            "has_more": slice_.has_more,
+            "next_cursor": next_cursor,
+        }
+    )
+    return json.dumps(body, ensure_ascii=False)
 
 
 def _position(start: tuple[int, int], end: tuple[int, int]) -> dict[str, int]:

@@ -1,0 +1,513 @@
+"""The model-facing tools with sandbox="none": definitions, read_artifact paging and its
+cursors, list_artifacts, and the hints a notice prints once the tools are registered."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+import stat
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
+from spillbox.codemode import LANGS
+from spillbox.paging import CURSOR_TTL_SECONDS, SECRET_FILE
+from spillbox.tools import Toolset, ToolSpec
+
+# Small enough that modest payloads offload and paging takes a few pages; large enough
+# that a page's JSON envelope (paths, cursor) leaves room for content.
+LIMIT = 1_500
+NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+JSON_TYPES = {"object", "string", "number", "integer", "boolean", "array", "null"}
+
+
+def open_harness(home: Path, per_call: int = LIMIT) -> Harness:
+    # No environment, no background collector: tests see only what they set.
+    policy = Policy(per_call_tokens=per_call, aggregate_tokens=max(per_call, 10_000))
+    return Harness(sandbox="none", home=home, environ={}, gc_interval=-1, policy=policy)
+
+
+@pytest.fixture
+def harness(home: Path) -> Iterator[Harness]:
+    with open_harness(home) as h:
+        yield h
+
+
+def offload(task: Any, call_id: str, content: str | bytes, tool: str = "t") -> Admitted:
+    [admitted] = task.admit([ToolResult(call_id=call_id, tool=tool, content=content)])
+    assert admitted.offloaded and admitted.artifact is not None, admitted.text
+    return admitted
+
+
+def read_pages(toolset: Toolset, limit: int, **ref: str) -> list[dict[str, Any]]:
+    """Every page of an artifact, following next_cursor; checks each page's bounds."""
+    counter = toolset.task.harness.counter
+    pages: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        args: dict[str, Any] = dict(ref)
+        if cursor is not None:
+            args["cursor"] = cursor
+        output = toolset.call("read_artifact", args)
+        assert not output.is_error, output.text
+        assert not output.offloadable  # a page never goes back through the aggregate rule
+        assert counter.count(output.text) <= limit, "a page is over the per-call threshold"
+        body = json.loads(output.text)
+        pages.append(body)
+        cursor = body["next_cursor"]
+        assert body["has_more"] is (cursor is not None)
+        if cursor is None:
+            return pages
+        assert len(pages) < 5_000, "paging does not end"
+
+
+def check_schema(schema: Any) -> None:
+    """A JSON Schema object for a tool's arguments, checked by structure."""
+    assert schema["type"] == "object"
+    properties = schema["properties"]
+    assert isinstance(properties, dict)
+    for name, prop in properties.items():
+        assert isinstance(name, str) and name
+        assert prop["type"] in JSON_TYPES
+        if "enum" in prop:
+            assert prop["enum"] and len(set(prop["enum"])) == len(prop["enum"])
+        if "description" in prop:
+            assert isinstance(prop["description"], str) and prop["description"]
+    required = schema.get("required", [])
+    assert set(required) <= set(properties), required
+    assert schema.get("additionalProperties") is False
+    json.dumps(schema)  # serialisable as sent
+
+
+def check_definitions(definitions: list[dict[str, Any]], fmt: str) -> list[str]:
+    """Checks every definition's shape for fmt; returns the tool names, in order."""
+    names = []
+    for definition in definitions:
+        if fmt == "openai":
+            assert set(definition) == {"type", "function"}
+            assert definition["type"] == "function"
+            inner = definition["function"]
+            assert set(inner) == {"name", "description", "parameters"}
+            schema = inner["parameters"]
+        elif fmt == "responses":
+            assert set(definition) == {"type", "name", "description", "parameters"}
+            assert definition["type"] == "function"
+            inner, schema = definition, definition["parameters"]
+        else:
+            assert set(definition) == {"name", "description", "input_schema"}
+            inner, schema = definition, definition["input_schema"]
+        assert NAME.match(inner["name"]), inner["name"]
+        assert isinstance(inner["description"], str) and len(inner["description"]) > 20
+        check_schema(schema)
+        names.append(inner["name"])
+    return names
+
+
+# Definitions
+
+
+@pytest.mark.parametrize("fmt", ["openai", "responses", "anthropic"])
+def test_definitions_are_valid_in_every_shape_and_name_only_available_tools(
+    harness: Harness, fmt: str
+) -> None:
+    with harness.task("defs") as task:
+        toolset = Toolset(task)
+        names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
+    # sandbox="none" has no code mode: sandbox_exec must not be offered.
+    assert names == ["read_artifact", "list_artifacts"]
+    assert task.tools == frozenset(names)
+
+
+def test_read_artifact_schema_offers_path_artifact_id_and_cursor(harness: Harness) -> None:
+    with harness.task("defs") as task:
+        [read] = [s for s in Toolset(task).specs() if s.name == "read_artifact"]
+    assert isinstance(read, ToolSpec)
+    assert set(read.parameters["properties"]) == {"path", "artifact_id", "cursor"}
+    assert read.parameters.get("required", []) == []  # path or artifact_id, checked at call
+
+
+def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
+    # The Docker backend's languages, without Docker: the toolset follows the backend.
+    harness.backend.languages = LANGS
+    with harness.task("defs") as task:
+        toolset = Toolset(task)
+        for fmt in ("openai", "responses", "anthropic"):
+            names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
+            assert names == ["sandbox_exec", "read_artifact", "list_artifacts"]
+        [spec] = [s for s in toolset.specs() if s.name == "sandbox_exec"]
+        assert spec.parameters["required"] == ["lang", "code"]
+        assert spec.parameters["properties"]["lang"]["enum"] == list(LANGS)
+
+
+# read_artifact: paging reproduces the payload exactly, each page under the threshold
+
+
+def test_json_array_pages_reproduce_every_record(harness: Harness) -> None:
+    rng = random.Random(3)
+    records = [
+        {"id": i, "title": f"PR {i} «ünïcode» 人工智能", "body": "x " * rng.randint(5, 400)}
+        for i in range(400)
+    ]
+    payload = json.dumps(records, indent=2, ensure_ascii=False)
+    with harness.task("arr") as task:
+        toolset = Toolset(task)
+        admitted = offload(task, "c1", payload)
+        pages = read_pages(toolset, LIMIT, path=admitted.artifact.path)  # type: ignore[union-attr]
+    assert len(pages) > 3
+    assert [item for page in pages for item in page["items"]] == records
+    assert all(p["unit"] == "records" and p["total"] == 400 and not p["partial"] for p in pages)
+    # Positions tile the array: each page starts where the previous one ended.
+    assert pages[0]["position"]["start"] == 0 and pages[-1]["position"]["end"] == 400
+    for before, after in zip(pages, pages[1:], strict=False):
+        assert after["position"]["start"] == before["position"]["end"]
+    assert pages[-1]["next_cursor"] is None and pages[-1]["has_more"] is False
+
+
+def test_ndjson_pages_reproduce_every_line_as_a_record(harness: Harness) -> None:
+    lines = [json.dumps({"n": i, "msg": "event " * (i % 50), "q": '"quoted"'}) for i in range(600)]
+    payload = "\n".join(lines) + "\n"
+    with harness.task("nd") as task:
+        toolset = Toolset(task)
+        offload(task, "events", payload)
+        pages = read_pages(toolset, LIMIT, artifact_id="events")
+    assert len(pages) > 3
+    assert [item for page in pages for item in page["items"]] == [json.loads(x) for x in lines]
+    assert {p["unit"] for p in pages} == {"records"}
+
+
+def test_text_pages_reproduce_the_bytes_at_line_boundaries(harness: Harness) -> None:
+    rng = random.Random(5)
+    path = "C:\\tmp\\x"
+    lines = [
+        f'{i:05d} {rng.choice(["INFO", "WARN", "ERROR"])}\t"{path * (i % 7)}" 日志\r\n'
+        for i in range(2_000)
+    ]
+    payload = "".join(lines) + "no newline at the end"
+    with harness.task("txt") as task:
+        toolset = Toolset(task)
+        offload(task, "log", payload)
+        pages = read_pages(toolset, LIMIT, artifact_id="log")
+    assert len(pages) > 3
+    assert "".join(p["text"] for p in pages).encode() == payload.encode()
+    assert {p["unit"] for p in pages} == {"lines"}
+    assert all(not p["partial"] for p in pages)
+    # Whole lines: every page but the last ends at a line break.
+    assert all(p["text"].endswith("\n") for p in pages[:-1])
+
+
+def test_a_two_megabyte_one_line_json_object_is_paged_by_character_slices(home: Path) -> None:
+    rng = random.Random(7)
+    value = {
+        f"key{i}": {"a": rng.randint(0, 99), "s": '"q" \\ ü', "l": [1, 2.5, None]}
+        for i in range(45_000)
+    }
+    payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert len(payload.encode()) > 2_000_000 and "\n" not in payload
+    # The default threshold, as a model would meet it: few pages of large slices.
+    with open_harness(home, per_call=6_000) as harness, harness.task("big") as task:
+        toolset = Toolset(task)
+        offload(task, "obj", payload)
+        pages = read_pages(toolset, 6_000, artifact_id="obj")
+    assert len(pages) > 10
+    assert "".join(p["text"] for p in pages).encode() == payload.encode()
+    assert all(p["partial"] for p in pages) and {p["unit"] for p in pages} == {"lines"}
+    assert all(p["total"] == 1 for p in pages)
+    middle = pages[1]["position"]
+    assert middle["start"] == 0 and middle["start_offset"] > 0
+    assert middle["end_offset"] == pages[2]["position"]["start_offset"]
+    assert pages[-1]["position"]["end"] == 1
+
+
+def test_a_single_huge_line_and_a_huge_record_are_paged(harness: Harness) -> None:
+    line = "".join(random.Random(9).choice('ab "\\\t\x01人') for _ in range(60_000))
+    records = [{"small": 1}, {"huge": line}, {"small": 2}]
+    with harness.task("huge") as task:
+        toolset = Toolset(task)
+        offload(task, "line", line)
+        offload(task, "rec", json.dumps(records))
+        line_pages = read_pages(toolset, LIMIT, artifact_id="line")
+        record_pages = read_pages(toolset, LIMIT, artifact_id="rec")
+    assert len(line_pages) > 3 and all(p["partial"] for p in line_pages)
+    assert "".join(p["text"] for p in line_pages) == line
+    # The huge record comes as slices of its JSON text; the records around it whole.
+    assert record_pages[0]["items"] == [{"small": 1}]
+    slices = [p for p in record_pages if p["partial"]]
+    assert len(slices) > 3
+    assert json.loads("".join(p["text"] for p in slices)) == {"huge": line}
+    assert record_pages[-1]["items"] == [{"small": 2}]
+
+
+def test_binary_pages_are_base64_and_reproduce_the_bytes(harness: Harness) -> None:
+    payload = b"\x89PNG\r\n\x1a\n" + random.Random(11).randbytes(40_000)
+    with harness.task("bin") as task:
+        toolset = Toolset(task)
+        admitted = offload(task, "img", payload)
+        assert admitted.reason == "binary"
+        pages = read_pages(toolset, LIMIT, artifact_id="img")
+    assert len(pages) > 3
+    assert all(p["encoding"] == "base64" and p["unit"] == "bytes" for p in pages)
+    assert b"".join(base64.b64decode(p["text"]) for p in pages) == payload
+    assert pages[-1]["position"]["end"] == pages[-1]["total"] == len(payload)
+
+
+def test_a_small_artifact_is_one_page(harness: Harness) -> None:
+    with harness.task("one") as task:
+        toolset = Toolset(task)
+        admitted = task.offload(ToolResult("c1", "t", '[{"a": 1}, {"a": 2}]'))
+        pages = read_pages(toolset, LIMIT, path=admitted.artifact.path)  # type: ignore[union-attr]
+    assert pages == [
+        {
+            "artifact_id": "c1",
+            "path": admitted.artifact.path,  # type: ignore[union-attr]
+            "items": [{"a": 1}, {"a": 2}],
+            "unit": "records",
+            "position": {"start": 0, "end": 2},
+            "total": 2,
+            "partial": False,
+            "has_more": False,
+            "next_cursor": None,
+        }
+    ]
+
+
+def test_reads_are_logged_as_read_artifact(harness: Harness) -> None:
+    with harness.task("log") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", "line\n" * 5_000)
+        toolset.call("read_artifact", {"artifact_id": "c1"})
+    actors = [(e.action, e.actor) for e in harness.catalog.audit("log")]
+    assert ("read", "read_artifact") in actors
+
+
+# Cursors: tampered, expired, foreign, another home's
+
+
+def first_cursor(toolset: Toolset, ref: str) -> str:
+    output = toolset.call("read_artifact", {"artifact_id": ref})
+    assert not output.is_error, output.text
+    cursor = json.loads(output.text)["next_cursor"]
+    assert isinstance(cursor, str)
+    return cursor
+
+
+def error_of(toolset: Toolset, args: dict[str, Any]) -> str:
+    output = toolset.call("read_artifact", args)
+    assert output.is_error, output.text
+    assert not output.offloadable
+    body = json.loads(output.text)
+    assert set(body) == {"error"}
+    message = body["error"]
+    assert isinstance(message, str) and "\n" not in message
+    return message
+
+
+def big_text(seed: int = 0) -> str:
+    return "".join(f"{seed} line {i} " + "word " * 20 + "\n" for i in range(3_000))
+
+
+def test_a_cursor_continues_where_the_page_ended(harness: Harness) -> None:
+    with harness.task("cur") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        first = json.loads(toolset.call("read_artifact", {"artifact_id": "c1"}).text)
+        second = json.loads(
+            toolset.call(
+                "read_artifact", {"path": "c1.txt", "cursor": first["next_cursor"]}
+            ).text
+        )
+    assert second["position"]["start"] == first["position"]["end"]
+    assert big_text().startswith(first["text"] + second["text"])
+
+
+def test_a_tampered_cursor_is_refused(harness: Harness) -> None:
+    with harness.task("cur") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        cursor = first_cursor(toolset, "c1")
+        body, tag = cursor.split(".")
+        i = len(body) // 2
+        flipped = body[:i] + ("A" if body[i] != "A" else "B") + body[i + 1 :]
+        message = error_of(toolset, {"artifact_id": "c1", "cursor": f"{flipped}.{tag}"})
+        assert "tampered" in message and "without a cursor" in message
+        i = len(tag) // 2
+        bad_tag = tag[:i] + ("A" if tag[i] != "A" else "B") + tag[i + 1 :]
+        assert "tampered" in error_of(toolset, {"artifact_id": "c1", "cursor": f"{body}.{bad_tag}"})
+        assert "malformed" in error_of(toolset, {"artifact_id": "c1", "cursor": "not-a-cursor"})
+        assert "malformed" in error_of(toolset, {"artifact_id": "c1", "cursor": "a.b.c"})
+
+
+def test_an_expired_cursor_is_refused(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    import spillbox.paging
+
+    with harness.task("cur") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        cursor = first_cursor(toolset, "c1")
+        real = spillbox.paging.time.time
+        later = types.SimpleNamespace(time=lambda: real() + CURSOR_TTL_SECONDS + 5)
+        monkeypatch.setattr(spillbox.paging, "time", later)
+        assert "expired" in error_of(toolset, {"artifact_id": "c1", "cursor": cursor})
+        monkeypatch.undo()
+        # Still good before it expires.
+        output = toolset.call("read_artifact", {"artifact_id": "c1", "cursor": cursor})
+        assert not output.is_error
+
+
+def test_a_cursor_signed_with_no_lifetime_is_refused(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import spillbox.tools
+
+    monkeypatch.setattr(spillbox.tools, "CURSOR_TTL_SECONDS", -1.0)
+    with harness.task("cur") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        cursor = first_cursor(toolset, "c1")
+        assert "expired" in error_of(toolset, {"artifact_id": "c1", "cursor": cursor})
+
+
+def test_a_cursor_of_another_task_or_artifact_is_refused(harness: Harness) -> None:
+    payload = big_text()
+    with harness.task("a") as a, harness.task("b") as b:
+        tools_a, tools_b = Toolset(a), Toolset(b)
+        offload(a, "c1", payload)
+        offload(a, "c2", big_text(seed=2))
+        offload(b, "c1", payload)  # same id, same bytes: only the task differs
+        cursor = first_cursor(tools_a, "c1")
+        message = error_of(tools_b, {"artifact_id": "c1", "cursor": cursor})
+        assert "another task" in message
+        message = error_of(tools_a, {"artifact_id": "c2", "cursor": cursor})
+        assert "another artifact" in message
+
+
+def test_a_cursor_of_another_home_is_refused(tmp_path: Path) -> None:
+    payload = big_text()
+    with open_harness(tmp_path / "one") as one, open_harness(tmp_path / "two") as two:
+        with one.task("t") as t1, two.task("t") as t2:
+            tools1, tools2 = Toolset(t1), Toolset(t2)
+            offload(t1, "c1", payload)
+            offload(t2, "c1", payload)  # same task id, artifact and bytes: only the secret
+            cursor = first_cursor(tools1, "c1")
+            message = error_of(tools2, {"artifact_id": "c1", "cursor": cursor})
+            assert "another spillbox home" in message
+            # The other home's own cursor works there.
+            output = tools2.call(
+                "read_artifact", {"artifact_id": "c1", "cursor": first_cursor(tools2, "c1")}
+            )
+            assert not output.is_error
+
+
+def test_the_secret_is_private_and_kept(home: Path) -> None:
+    with open_harness(home) as harness, harness.task("t") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        cursor = first_cursor(toolset, "c1")
+    secret = home / SECRET_FILE
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert len(secret.read_bytes()) == 32
+    # A restarted harness reads the same secret: its cursors stay valid.
+    with open_harness(home) as harness, harness.task("t") as task:
+        output = Toolset(task).call("read_artifact", {"artifact_id": "c1", "cursor": cursor})
+        assert not output.is_error, output.text
+
+
+# Errors the model sees, and list_artifacts
+
+
+def test_a_deleted_artifact_says_when_and_by_which_policy(harness: Harness) -> None:
+    with harness.task("del") as task:
+        toolset = Toolset(task)
+        admitted = offload(task, "c1", big_text())
+        cursor = first_cursor(toolset, "c1")
+        task.delete("c1")
+        for args in (
+            {"artifact_id": "c1"},
+            {"path": admitted.artifact.path},  # type: ignore[union-attr]
+            {"artifact_id": "c1", "cursor": cursor},
+        ):
+            message = error_of(toolset, args)
+            assert re.search(r"deleted at \d{4}-\d\d-\d\dT[\d:]+\+00:00 by policy manual", message)
+        assert json.loads(toolset.call("list_artifacts", {}).text) == []
+
+
+def test_bad_calls_come_back_as_errors(harness: Harness) -> None:
+    with harness.task("bad") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        assert "no artifact 'nope'" in error_of(toolset, {"artifact_id": "nope"})
+        assert "give path" in error_of(toolset, {})
+        assert "unknown argument(s) offset" in error_of(toolset, {"path": "c1", "offset": 3})
+        for name, args in (
+            ("sandbox_exec", {"lang": "sql", "code": "SELECT 1"}),  # not registered: no sandbox
+            ("rm_rf", {}),
+        ):
+            output = toolset.call(name, args)
+            assert output.is_error
+            message = json.loads(output.text)["error"]
+            assert f"unknown tool {name!r}" in message and "read_artifact" in message
+        for raw in ("{not json", "[1, 2]"):
+            output = toolset.call("list_artifacts", raw)
+            assert output.is_error and "bad arguments" in json.loads(output.text)["error"]
+        # Arguments as the JSON string a model sends work too.
+        assert not toolset.call("read_artifact", '{"artifact_id": "c1"}').is_error
+
+
+def test_list_artifacts_lists_each_live_artifact(harness: Harness) -> None:
+    with harness.task("ls") as task:
+        toolset = Toolset(task)
+        assert json.loads(toolset.call("list_artifacts", {}).text) == []
+        first = offload(task, "c1", big_text(), tool="logs")
+        offload(task, "c2", b"\x00\xff" * 10, tool="blob")
+        output = toolset.call("list_artifacts", {})
+    assert not output.is_error
+    rows = json.loads(output.text)
+    assert [(r["artifact_id"], r["tool"], r["call_id"]) for r in rows] == [
+        ("c1", "logs", "c1"),
+        ("c2", "blob", "c2"),
+    ]
+    assert rows[0]["path"] == first.artifact.path  # type: ignore[union-attr]
+    assert rows[0]["bytes"] == len(big_text().encode()) and rows[0]["tokens"] > LIMIT
+    assert rows[1]["bytes"] == 20 and rows[1]["tokens"] is None
+
+
+# Notices name exactly the registered tools
+
+
+def hint_lines(text: str) -> list[str]:
+    fields = parse_notice(text)
+    assert fields is not None, text
+    return fields["hint"].splitlines() if "hint" in fields else []
+
+
+def test_notice_hints_are_calls_of_the_registered_tools(harness: Harness) -> None:
+    payloads: dict[str, str | bytes] = {
+        "arr": json.dumps([{"id": i, "body": "b" * 200} for i in range(300)]),
+        "nd": "\n".join(json.dumps({"k": i, "v": "y" * 200}) for i in range(300)),
+        "tab": "a,b\n" + "\n".join(f"{i},{'z' * 100}" for i in range(800)),
+        "log": "\n".join(f"line {i} ok" for i in range(6000)),
+        "bin": bytes(range(256)) * 10,
+    }
+    with harness.task("before") as task:
+        # No tools registered, and sandbox="none" has no code mode: no hint at all, rather
+        # than one that cannot run.
+        for call_id, content in payloads.items():
+            assert hint_lines(offload(task, call_id, content).text) == []
+    with harness.task("after") as task:
+        toolset = Toolset(task)
+        for call_id, content in payloads.items():
+            notice = offload(task, call_id, content).text
+            assert "sandbox_exec" not in notice and "sql:" not in notice
+            [line] = hint_lines(notice)
+            name, _, raw = line.partition(" ")
+            assert name == "read_artifact" and name in toolset.names
+            args = json.loads(raw)
+            assert args == {"path": parse_notice(notice)["path"]}  # type: ignore[index]
+            output = toolset.call(name, args)
+            assert not output.is_error, output.text
+            assert json.loads(output.text)["artifact_id"] == call_id
