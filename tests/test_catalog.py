@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import subprocess
 import sys
@@ -144,6 +145,38 @@ def test_two_processes_writing_at_once_lose_nothing(home: Path) -> None:
         assert [e.detail for e in catalog.audit(f"p{k}")] == [str(i) for i in range(n)]
     assert len(catalog.audit("shared")) == 2 * n
     assert {t.task_id for t in catalog.tasks()} == {"p0", "p1"}
+    catalog.close()
+
+
+_HARNESS = """
+import json, sys
+from spillbox import Harness, Policy, ToolResult
+harness = Harness(sandbox="none", home=sys.argv[1], gc_interval=-1,
+                  policy=Policy(per_call_tokens=50))
+task = harness.task("shared")
+for i in range(15):
+    rows = [{"writer": sys.argv[2], "i": i, "n": n} for n in range(40)]
+    task.admit([ToolResult(call_id=f"c{i}", tool="t", content=json.dumps(rows))])
+harness.close()
+"""
+
+
+def test_two_harness_processes_offloading_into_one_task_lose_nothing(home: Path) -> None:
+    Catalog(home).close()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _HARNESS, str(home), f"w{k}"]) for k in range(2)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    catalog = Catalog(home)
+    rows = catalog.artifacts("shared")
+    assert len(rows) == len({r.artifact_id for r in rows}) == 30
+    offload = home / "tasks" / "shared" / "offload"
+    assert sorted(p.name for p in offload.iterdir()) == sorted(r.name for r in rows)
+    for row in rows:
+        data = (offload / row.name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == row.sha256
+        assert len(data) == row.bytes
+    assert len([e for e in catalog.audit("shared") if e.action == "offload"]) == 30
     catalog.close()
 
 

@@ -54,7 +54,11 @@ def payload(tag: str, n: int = 40) -> str:
 
 def offload(task: Task, call_id: str, content: str | bytes | None = None) -> ArtifactRow:
     [admitted] = task.admit(
-        [ToolResult(call_id=call_id, tool="t", content=payload(call_id) if content is None else content)]
+        [
+            ToolResult(
+                call_id=call_id, tool="t", content=payload(call_id) if content is None else content
+            )
+        ]
     )
     assert admitted.offloaded and admitted.artifact is not None
     return task.artifact(admitted.artifact.id)
@@ -390,6 +394,9 @@ def test_export_refuses_to_overwrite(harness: Harness, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="already exists"):
         task.export("c1", dest)
     assert dest.read_text() == "precious"
+    with pytest.raises(ConfigError, match="cannot export to"):
+        task.export("c1", tmp_path / "missing" / "out.json")
+    assert not (tmp_path / "missing").exists()
     assert not [e for e in harness.catalog.audit("t1") if e.action == "export"]
 
 
@@ -467,9 +474,7 @@ def test_keep_after_close_n_keeps_until_gc_after_n(harness: Harness, clock: Cloc
     assert offload_files(task) == ["c1.json"]
     clock.advance(200)
     removals = harness.gc()
-    assert [(r.kind, r.what, r.reason) for r in removals] == [
-        ("task", "t1", "keep_after_close")
-    ]
+    assert [(r.kind, r.what, r.reason) for r in removals] == [("task", "t1", "keep_after_close")]
     assert not task.storage.root.exists()
     assert harness.catalog.find("t1", "c1").deleted_by == "keep_after_close"  # type: ignore[union-attr]
     assert harness.gc() == []

@@ -347,6 +347,8 @@ def _gc(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     with _harness(args) as harness:
+        if harness.catalog.task(args.task) is None:
+            raise ConfigError(f"no task {args.task!r}: see `spillbox tasks`")
         entries = harness.catalog.audit(args.task)
     data = [
         {

@@ -51,12 +51,20 @@ def collect(harness: Harness, dry_run: bool = False, grace: float = GRACE_SECOND
                 harness.delete_artifact(row, by="ttl")
         for task in catalog.tasks(("closed",)):
             if task.delete_after is not None and task.delete_after <= now:
-                removed.append(Removal("task", task.task_id, task.task_id, "keep_after_close"))
-                if not dry_run:
-                    harness.remove(task.task_id, by="keep_after_close")
+                reason = "keep_after_close"
+            elif task.delete_after is None and not catalog.artifacts(task.task_id):
+                reason = "expired"  # kept until its artifacts expire: they have
+            else:
+                continue
+            removed.append(Removal("task", task.task_id, task.task_id, reason))
+            if not dry_run:
+                harness.remove(task.task_id, by=reason)
         known = {task.task_id for task in catalog.tasks()}
-        for what in harness.backend.sweep(known, dry_run):
-            removed.append(Removal("container", "", what, "task unknown or deleted"))
+        # A closed task keeps its storage until retention says otherwise, but needs no
+        # container: reopening it starts a new one over the same payloads.
+        running = {task.task_id for task in catalog.tasks(("open",))}
+        for what in harness.backend.sweep(running, dry_run):
+            removed.append(Removal("container", "", what, "task closed, unknown or deleted"))
         removed.extend(_sweep_storage(harness, known, dry_run, now - grace))
     return removed
 

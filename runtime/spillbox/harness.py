@@ -430,7 +430,9 @@ class Task(_ClosedOnExit):
         redactions = 0
         if self.retention.redact and text is not None:
             text, redactions = redact(text)
-            data = text.encode("utf-8") if redactions else data
+            if redactions:  # what is stored (and counted) is the redacted text
+                data = text.encode("utf-8")
+                offload = replace(offload, tokens=total(self.harness.counter, text))
         shape = profile(data, text)
         digest = hashlib.sha256(data).hexdigest()
         # The same bytes again (a tool repeating itself, a script printing an artifact
@@ -508,12 +510,19 @@ class Task(_ClosedOnExit):
 
 def _write_new(target: Path, data: bytes) -> None:
     """Write a new file atomically; never replace one that appeared meanwhile."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    except OSError as e:
+        raise ConfigError(
+            f"cannot export to {target}: {e.strerror}; choose a writable destination"
+        ) from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         os.link(tmp, target)
     except FileExistsError:
         raise ConfigError(f"{target} already exists: choose another destination") from None
+    except OSError as e:
+        raise ConfigError(f"cannot export to {target}: {e.strerror}; free space or retry") from None
     finally:
         os.unlink(tmp)

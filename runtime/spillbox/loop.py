@@ -290,7 +290,9 @@ def _post(url: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> dict
             reply: dict[str, Any] = json.loads(response.read())
             return reply
     except urllib.error.HTTPError as e:
-        detail = e.read().decode("utf-8", "replace")[:300]
+        with e:
+            # One line, however the endpoint formats its error page.
+            detail = " ".join(e.read().decode("utf-8", "replace").split())[:300]
         raise SpillboxError(f"the model endpoint {url} answered {e.code}: {detail}") from e
     except (urllib.error.URLError, TimeoutError) as e:
         raise SpillboxError(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from spillbox.errors import ConfigError
-from spillbox.tokens import TokenCounter
+from spillbox.tokens import TokenCounter, count_within
 
 CURSOR_VERSION = 1
 CURSOR_TTL_SECONDS = 3600.0
@@ -132,15 +132,17 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-_parsed: OrderedDict[str, list[Any]] = OrderedDict()
+_parsed: OrderedDict[str, list[Any] | None] = OrderedDict()
 
 
 def _records(data: bytes, digest: str, kind: str) -> list[Any] | None:
-    """The records of a JSON array or NDJSON payload (parsed once per digest), else None."""
+    """The records of a JSON array or NDJSON payload, else None; parsed once per digest
+    (a payload that is not records is remembered too, or every page would parse it)."""
     key = f"{digest}:{kind}"
     if key in _parsed:
         _parsed.move_to_end(key)
         return _parsed[key]
+    records: list[Any] | None
     try:
         if kind == "json_array":
             value = json.loads(data)
@@ -148,11 +150,10 @@ def _records(data: bytes, digest: str, kind: str) -> list[Any] | None:
         else:
             records = [json.loads(line) for line in data.splitlines() if line.strip()]
     except ValueError:
-        return None
-    if records is not None:
-        _parsed[key] = records
-        while len(_parsed) > _PARSED_CACHE:
-            _parsed.popitem(last=False)
+        records = None
+    _parsed[key] = records
+    while len(_parsed) > _PARSED_CACHE:
+        _parsed.popitem(last=False)
     return records
 
 
@@ -180,14 +181,14 @@ def _record_page(records: list[Any], start: Position, counter: TokenCounter, bud
     items: list[Any] = []
     used = 0
     while index < len(records):
-        tokens = counter.count(json.dumps(records[index], ensure_ascii=False)) + 1
-        if used + tokens > budget:
+        encoded = json.dumps(records[index], ensure_ascii=False)
+        tokens = _tokens_within(counter, encoded, budget - used - 1, escape=False)
+        if tokens is None:
             if not items:  # one record alone is over a page: slice it
-                encoded = json.dumps(records[index], ensure_ascii=False)
                 return _slice_of_one("records", encoded, start, len(records), counter, budget)
             break
         items.append(records[index])
-        used += tokens
+        used += tokens + 1  # and the separator
         index += 1
     return Page("records", start, (index, 0), len(records), items, None, False)
 
@@ -200,8 +201,8 @@ def _line_page(lines: list[str], start: Position, counter: TokenCounter, budget:
     taken: list[str] = []
     used = 0
     while index < len(lines):
-        tokens = counter.count(_as_json(lines[index]))
-        if used + tokens > budget:
+        tokens = _tokens_within(counter, lines[index], budget - used, escape=True)
+        if tokens is None:
             if not taken:
                 return _slice_of_one("lines", lines[index], start, len(lines), counter, budget)
             break
@@ -241,6 +242,14 @@ def _slice_of_one(
     end_offset = offset + max(good, 1)  # one character always fits: budget is at least 16
     end: Position = (index + 1, 0) if end_offset >= len(whole) else (index, end_offset)
     return Page(unit, start, end, total, None, whole[offset:end_offset], True)
+
+
+def _tokens_within(counter: TokenCounter, text: str, limit: int, escape: bool) -> int | None:
+    """The tokens of text as the model sees it (JSON-escaped if escape), or None if over
+    limit; in time bounded by limit, not by the length of a huge line or record."""
+    head = text[: max(limit, 1) * counter.max_token_chars + 1]
+    fits, tokens = count_within(counter, _as_json(head) if escape else head, max(limit, 0))
+    return tokens if fits and len(head) == len(text) else None
 
 
 def _as_json(text: str) -> str:

@@ -401,6 +401,8 @@ class DockerBackend(SandboxBackend):
         with self._lock:
             engine = self._engines.get(storage.task_id)
             if engine is None or engine.container_id != container.id:
+                if engine is not None:
+                    engine.close()  # its container is gone or replaced
                 engine = _SqlEngine(self.client, container)
                 self._engines[storage.task_id] = engine
         try:
@@ -445,7 +447,7 @@ class DockerBackend(SandboxBackend):
                 task_id = container.labels.get(LABEL_TASK, "")
                 if task_id in keep:
                     continue
-                removed.append(f"container {container.name} (task {task_id})")
+                removed.append(f"{container.name} (task {task_id})")
                 if not dry_run:
                     try:
                         container.remove(force=True, v=True)

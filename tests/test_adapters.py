@@ -1,0 +1,273 @@
+"""The provider adapters: one step's tool results in each API's shape, gated as one aggregate."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillbox import Harness, Task, parse_notice
+from spillbox.adapters import add_tools, gate_anthropic, gate_chat_completions, gate_responses
+from spillbox.tokens import default_counter
+from spillbox.tools import Toolset
+
+COUNTER = default_counter("cl100k_base")
+WORDS = "alpha beta gamma delta merge branch release fix parser docs test build".split()
+IMAGE = {
+    "type": "image",
+    "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+}
+
+
+def text_of_tokens(tokens: int, seed: int) -> str:
+    """Text of about this many tokens (within 2 %)."""
+    rng = random.Random(seed)
+    text = " ".join(rng.choices(WORDS, k=tokens))
+    while COUNTER.count(text) > tokens:
+        text = text.rsplit(" ", 1)[0]
+    assert COUNTER.count(text) >= 0.98 * tokens
+    return text
+
+
+BIG = json.dumps([{"id": i, "body": "lorem ipsum " * 60} for i in range(200)])
+SMALL = '{"ok": true}'
+
+
+@pytest.fixture
+def task(home: Path) -> Iterator[Task]:
+    with Harness(sandbox="none", home=home, environ={}, gc_interval=-1) as harness:
+        with harness.task("step") as task:
+            yield task
+
+
+def notice(text: Any) -> dict[str, str]:
+    fields = parse_notice(text if isinstance(text, str) else text[0]["text"])
+    assert fields is not None, text
+    return fields
+
+
+def stored(task: Task, fields: dict[str, str]) -> bytes:
+    return task.read(fields["path"])
+
+
+# OpenAI Chat Completions
+
+
+def test_chat_completions_step(task: Task) -> None:
+    tool_calls = [
+        {"id": "call_1", "type": "function", "function": {"name": "list_prs", "arguments": "{}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "ping", "arguments": "{}"}},
+    ]
+    messages = [
+        {"role": "tool", "tool_call_id": "call_1", "content": BIG},
+        {"role": "tool", "tool_call_id": "call_2", "content": SMALL},
+    ]
+    before = copy.deepcopy(messages)
+    out = gate_chat_completions(task, messages, tool_calls)
+    assert messages == before  # the caller's list is not touched
+    assert [(m["role"], m["tool_call_id"]) for m in out] == [("tool", "call_1"), ("tool", "call_2")]
+    fields = notice(out[0]["content"])
+    assert fields["tool"] == "list_prs" and fields["call_id"] == "call_1"
+    assert fields["reason"].startswith("per_call")
+    assert stored(task, fields) == BIG.encode()
+    assert out[1] == messages[1]  # small: untouched
+
+
+def test_chat_completions_content_parts_stay_as_they_were_when_small(task: Task) -> None:
+    parts = [{"type": "text", "text": "first part. "}, {"type": "text", "text": "second part."}]
+    big_parts = [{"type": "text", "text": BIG[:20_000]}, {"type": "text", "text": BIG[20_000:]}]
+    out = gate_chat_completions(
+        task,
+        [
+            {"role": "tool", "tool_call_id": "a", "content": parts},
+            {"role": "tool", "tool_call_id": "b", "content": big_parts},
+        ],
+    )
+    assert out[0]["content"] == parts
+    fields = notice(out[1]["content"])
+    assert fields["tool"] == "tool"  # no tool_calls given: a neutral name, not a crash
+    assert stored(task, fields) == BIG.encode()  # the text parts, in order
+
+
+# OpenAI Responses
+
+
+def test_responses_step(task: Task) -> None:
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+        {"type": "function_call", "call_id": "fc_1", "name": "list_prs", "arguments": "{}"},
+        {"type": "function_call", "call_id": "fc_2", "name": "ping", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "fc_1", "output": BIG},
+        {"type": "function_call_output", "call_id": "fc_2", "output": SMALL},
+    ]
+    before = copy.deepcopy(items)
+    out = gate_responses(task, items)
+    assert items == before
+    assert [i["type"] for i in out] == [i["type"] for i in items]
+    assert out[:3] == items[:3] and out[4] == items[4]
+    fields = notice(out[3]["output"])
+    assert (fields["tool"], fields["call_id"]) == ("list_prs", "fc_1")
+    assert out[3]["call_id"] == "fc_1"
+    assert stored(task, fields) == BIG.encode()
+
+
+# Anthropic Messages
+
+
+def test_anthropic_step(task: Task) -> None:
+    assistant = [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "tu_1", "name": "list_prs", "input": {}},
+        {"type": "tool_use", "id": "tu_2", "name": "screenshot", "input": {}},
+        {"type": "tool_use", "id": "tu_3", "name": "ping", "input": {}},
+        {"type": "tool_use", "id": "tu_4", "name": "notes", "input": {}},
+    ]
+    blocks = [
+        {"type": "tool_result", "tool_use_id": "tu_1", "content": BIG},
+        {
+            "type": "tool_result",
+            "tool_use_id": "tu_2",
+            "content": [
+                {"type": "text", "text": BIG[:30_000]},
+                IMAGE,
+                {"type": "text", "text": BIG[30_000:]},
+            ],
+        },
+        {"type": "tool_result", "tool_use_id": "tu_3", "content": "boom", "is_error": True},
+        {
+            "type": "tool_result",
+            "tool_use_id": "tu_4",
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}, IMAGE],
+        },
+        {"type": "text", "text": "Here are the results."},
+    ]
+    message = {"role": "user", "content": blocks}
+    before = copy.deepcopy(message)
+    out = gate_anthropic(task, message, assistant)
+    assert message == before
+    assert out["role"] == "user" and len(out["content"]) == len(blocks)
+    big, with_image, error, small, text = out["content"]
+    fields = notice(big["content"])
+    assert (fields["tool"], fields["call_id"]) == ("list_prs", "tu_1")
+    assert stored(task, fields) == BIG.encode()
+    # The image stays, after the notice that replaces the text parts.
+    assert with_image["content"][1:] == [IMAGE]
+    fields = notice(with_image["content"])
+    assert fields["tool"] == "screenshot"
+    assert stored(task, fields) == BIG.encode()
+    assert error == blocks[2] and error["is_error"] is True
+    assert small == blocks[3]  # small: untouched, parts and order as they were
+    assert text == blocks[4]
+
+
+def test_anthropic_accepts_a_list_of_blocks(task: Task) -> None:
+    blocks = [
+        {"type": "tool_result", "tool_use_id": "x", "content": BIG},
+        {"type": "tool_result", "tool_use_id": "y", "content": SMALL},
+    ]
+    out = gate_anthropic(task, blocks)
+    assert isinstance(out, list) and len(out) == 2
+    assert notice(out[0]["content"])["call_id"] == "x"
+    assert out[1] == blocks[1]
+
+
+def test_a_big_error_result_is_offloaded_and_keeps_is_error(task: Task) -> None:
+    trace = "Traceback (most recent call last):\n" + "  frame\n" * 20_000 + "ValueError: bad\n"
+    out = gate_anthropic(
+        task, [{"type": "tool_result", "tool_use_id": "e", "content": trace, "is_error": True}]
+    )
+    assert out[0]["is_error"] is True
+    fields = notice(out[0]["content"])
+    assert "ValueError: bad" in fields["tail"]  # the tail, where the error is, is shown
+
+
+# One step, one aggregate: three results of 4,000 tokens each
+
+
+def step_in(shape: str, contents: list[str]) -> Any:
+    ids = [f"c{i}" for i in range(len(contents))]
+    if shape == "chat":
+        return [
+            {"role": "tool", "tool_call_id": i, "content": c}
+            for i, c in zip(ids, contents, strict=True)
+        ]
+    if shape == "responses":
+        return [
+            {"type": "function_call_output", "call_id": i, "output": c}
+            for i, c in zip(ids, contents, strict=True)
+        ]
+    return {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": i, "content": c}
+            for i, c in zip(ids, contents, strict=True)
+        ],
+    }
+
+
+def gate_step(task: Task, shape: str, step: Any) -> list[str]:
+    """The gated contents of a step, in call order."""
+    if shape == "chat":
+        return [m["content"] for m in gate_chat_completions(task, step)]
+    if shape == "responses":
+        return [i["output"] for i in gate_responses(task, step)]
+    return [b["content"] for b in gate_anthropic(task, step)["content"]]
+
+
+@pytest.mark.parametrize("shape", ["chat", "responses", "anthropic"])
+def test_parallel_results_count_as_one_aggregate(task: Task, shape: str) -> None:
+    contents = [text_of_tokens(4_000, seed) for seed in range(3)]
+    out = gate_step(task, shape, step_in(shape, contents))
+    reasons = [
+        notice(text)["reason"].split()[0] if parse_notice(text) else None for text in out
+    ]
+    # Each alone is under the 6,000 per-call threshold; together they are over 10,000.
+    assert "per_call" not in reasons
+    assert reasons.count("aggregate") >= 1
+    assert sum(COUNTER.count(text) for text in out) <= 10_000
+    for text, original in zip(out, contents, strict=True):
+        if parse_notice(text):
+            assert stored(task, notice(text)) == original.encode()
+        else:
+            assert text == original
+    # Deterministic: the same step again gives the same decisions.
+    again = gate_step(task, shape, step_in(shape, contents))
+    assert [parse_notice(t) is None for t in again] == [parse_notice(t) is None for t in out]
+
+
+def test_two_steps_are_two_aggregates(task: Task) -> None:
+    one = text_of_tokens(4_000, 1)
+    two = text_of_tokens(4_000, 2)
+    for content in (one, two):  # each step alone is under every threshold
+        [message] = gate_chat_completions(
+            task, [{"role": "tool", "tool_call_id": "s", "content": content}]
+        )
+        assert message["content"] == content
+
+
+# add_tools
+
+
+def test_add_tools_adds_ours_once_and_keeps_the_users(task: Task) -> None:
+    toolset = Toolset(task)
+    user = {
+        "type": "function",
+        "function": {"name": "list_prs", "description": "PRs", "parameters": {"type": "object"}},
+    }
+    stale = {"type": "function", "function": {"name": "read_artifact", "parameters": {}}}
+    tools = add_tools([user, stale], toolset, "openai")
+    assert tools[0] == user
+    names = [t["function"]["name"] for t in tools]
+    assert names == ["list_prs", "read_artifact", "list_artifacts"]
+    assert tools[1:] == toolset.definitions("openai")  # ours, not the stale copy
+    assert add_tools(tools, toolset, "openai") == tools  # idempotent
+
+    anthropic_user = {"name": "search", "description": "CRM", "input_schema": {"type": "object"}}
+    tools = add_tools(add_tools([anthropic_user], toolset, "anthropic"), toolset, "anthropic")
+    assert [t["name"] for t in tools] == ["search", "read_artifact", "list_artifacts"]
+    assert add_tools([], toolset, "responses") == toolset.definitions("responses")

@@ -1,0 +1,435 @@
+"""The agent loop: a scripted model end to end, and the real-endpoint model classes against
+a fake HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import spillbox.loop
+from spillbox import ConfigError, Harness, Settings, SpillboxError, Task, parse_notice
+from spillbox.config import ModelEndpoint
+from spillbox.loop import (
+    AnthropicModel,
+    OpenAIChatModel,
+    ScriptedModel,
+    ToolCall,
+    Turn,
+    UserTool,
+    model_from_endpoint,
+    run,
+    to_anthropic,
+)
+from spillbox.tools import Toolset, ToolSpec
+
+PRS = [
+    {"id": i, "title": f"PR {i}", "author": f"dev{i % 7}", "body": "long body text " * 80}
+    for i in range(150)
+]
+LIST_PRS = ToolSpec(
+    "list_prs",
+    "List the repository's pull requests.",
+    {
+        "type": "object",
+        "properties": {"state": {"type": "string"}},
+        "additionalProperties": False,
+    },
+)
+
+
+def list_prs(arguments: Mapping[str, Any]) -> str:
+    return json.dumps(PRS)
+
+
+@pytest.fixture
+def task(home: Path) -> Iterator[Task]:
+    with Harness(sandbox="none", home=home, environ={}, gc_interval=-1) as harness:
+        with harness.task("loop") as task:
+            yield task
+
+
+def tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [m for m in messages if m["role"] == "tool"]
+
+
+# A scripted model end to end
+
+
+def read_back_script(messages: Sequence[Mapping[str, Any]]) -> Turn:
+    """List PRs; open the offloaded result with read_artifact; answer from the page."""
+    results = tool_messages(messages)
+    if not results:
+        return Turn("Listing PRs.", (ToolCall("call_1", "list_prs", {"state": "all"}),))
+    if len(results) == 1:
+        fields = parse_notice(str(results[0]["content"]))
+        assert fields is not None, "the big result should have come back as a notice"
+        return Turn("", (ToolCall("call_2", "read_artifact", {"path": fields["path"]}),))
+    page = json.loads(str(results[1]["content"]))
+    return Turn(f"The first PR is {page['items'][0]['title']} by {page['items'][0]['author']}.")
+
+
+def test_a_scripted_run_offloads_reads_back_and_answers(task: Task) -> None:
+    result = run(
+        task,
+        ScriptedModel(read_back_script),
+        "Who wrote the first PR?",
+        tools=[UserTool(LIST_PRS, list_prs)],
+        system="Be brief.",
+    )
+    assert result.answer == "The first PR is PR 0 by dev0."
+    messages = result.messages
+    assert [m["role"] for m in messages] == [
+        "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
+    ]  # fmt: skip
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert messages[1] == {"role": "user", "content": "Who wrote the first PR?"}
+    assert messages[2]["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "list_prs", "arguments": json.dumps({"state": "all"})},
+        }
+    ]
+    assert messages[3]["tool_call_id"] == "call_1"
+    notice = parse_notice(messages[3]["content"])
+    assert notice is not None and notice["tool"] == "list_prs"
+    assert notice["hint"].startswith("read_artifact ")  # the loop registered the tools
+    assert messages[5]["tool_call_id"] == "call_2"
+    assert json.loads(messages[5]["content"])["items"][0] == PRS[0]
+    assert messages[6] == {"role": "assistant", "content": result.answer}
+
+    first, second = result.steps
+    assert [c.name for c in first.calls] == ["list_prs"] and first.admitted[0].offloaded
+    assert [c.name for c in second.calls] == ["read_artifact"]
+    assert not second.admitted[0].offloaded  # a page is never offloaded again
+    assert task.read("call_1") == json.dumps(PRS).encode()
+    assert 0 < result.context_tokens < result.inline_tokens
+    payload_tokens = first.admitted[0].tokens
+    assert payload_tokens is not None
+    assert result.inline_tokens - result.context_tokens > payload_tokens // 2
+    assert result.seconds >= 0
+
+
+def test_unknown_and_failing_tools_come_back_as_errors(task: Task) -> None:
+    def flaky(arguments: Mapping[str, Any]) -> str:
+        raise RuntimeError("the upstream API is down")
+
+    def script(messages: Sequence[Mapping[str, Any]]) -> Turn:
+        if not tool_messages(messages):
+            calls = (
+                ToolCall("a", "no_such_tool", {}),
+                ToolCall("b", "flaky", {}),
+                ToolCall("c", "list_artifacts", {}),
+                ToolCall("d", "read_artifact", {"artifact_id": "missing"}),
+            )
+            return Turn("Trying.", calls)
+        return Turn("Nothing worked.")
+
+    flaky_tool = UserTool(ToolSpec("flaky", "Fails.", {"type": "object", "properties": {}}), flaky)
+    result = run(task, ScriptedModel(script), "go", tools=[flaky_tool])
+    assert result.answer == "Nothing worked."
+    [step] = result.steps
+    assert [a.is_error for a in step.admitted] == [True, True, False, True]
+    by_id = {m["tool_call_id"]: m["content"] for m in tool_messages(result.messages)}
+    assert json.loads(by_id["a"]) == {"error": "unknown tool 'no_such_tool'"}
+    assert json.loads(by_id["b"]) == {"error": "RuntimeError: the upstream API is down"}
+    assert json.loads(by_id["c"]) == []
+    assert "no artifact 'missing'" in json.loads(by_id["d"])["error"]
+
+
+def test_binary_results_parallel_calls_and_the_step_limit(task: Task) -> None:
+    image = UserTool(
+        ToolSpec("screenshot", "A PNG.", {"type": "object", "properties": {}}),
+        lambda arguments: b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40,
+    )
+
+    def forever(messages: Sequence[Mapping[str, Any]]) -> Turn:
+        n = len(tool_messages(messages))
+        return Turn("", (ToolCall(f"s{n}", "screenshot", {}), ToolCall(f"p{n}", "list_prs", {})))
+
+    result = run(
+        task,
+        ScriptedModel(forever),
+        "loop",
+        tools=[image, UserTool(LIST_PRS, list_prs)],
+        max_steps=3,
+    )
+    assert result.answer == "" and len(result.steps) == 3
+    for step in result.steps:
+        assert [a.reason for a in step.admitted] == ["binary", "per_call"]
+
+
+def test_user_tools_may_not_take_spillbox_names(task: Task) -> None:
+    clash = UserTool(ToolSpec("read_artifact", "Mine.", {"type": "object"}), list_prs)
+    with pytest.raises(ConfigError, match="read_artifact"):
+        run(task, ScriptedModel(lambda messages: Turn("x")), "go", tools=[clash])
+
+
+# Real endpoints, against a fake HTTP server
+
+
+class FakeServer:
+    """Records each request and answers from a queue of (status, JSON-able or bytes)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.replies: list[tuple[int, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = 10  # a stuck client cannot hold the server
+
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                outer.requests.append(
+                    {
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": json.loads(self.rfile.read(length)),
+                    }
+                )
+                status, reply = outer.replies.pop(0)
+                data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # keep test output clean
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,))
+
+    def endpoint(self, provider: str, path: str = "") -> ModelEndpoint:
+        return ModelEndpoint(provider, self.url + path, "sk-test-key", "test-model")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServer]:
+    monkeypatch.setattr(spillbox.loop, "HTTP_TIMEOUT_SECONDS", 10.0)
+    fake = FakeServer()
+    fake.thread.start()
+    try:
+        yield fake
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+        fake.thread.join(timeout=10)
+        assert not fake.thread.is_alive()
+
+
+HISTORY: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Who merged most?"},
+    {
+        "role": "assistant",
+        "content": "Looking.",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "list_prs", "arguments": "{}"}},
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "list_artifacts", "arguments": ""},
+            },
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "[spillbox offloaded v1]\n...\n[/spillbox]"},
+    {"role": "tool", "tool_call_id": "c2", "content": "[]"},
+]
+
+
+def specs(task: Task) -> list[ToolSpec]:
+    return [LIST_PRS, *Toolset(task).specs()]
+
+
+def test_openai_chat_model_sends_the_history_and_parses_tool_calls(
+    server: FakeServer, task: Task
+) -> None:
+    server.replies.append(
+        (
+            200,
+            {
+                "choices": [
+                    {
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "c3",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "read_artifact",
+                                        "arguments": '{"artifact_id": "c1"}',
+                                    },
+                                }
+                            ],
+                        }
+                    }
+                ]
+            },
+        )
+    )
+    model = OpenAIChatModel(server.endpoint("openai", "/v1/"))
+    turn = model.respond(HISTORY, specs(task))
+    assert turn == Turn("", (ToolCall("c3", "read_artifact", {"artifact_id": "c1"}),))
+    [request] = server.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["authorization"] == "Bearer sk-test-key"
+    assert request["headers"]["content-type"] == "application/json"
+    body = request["body"]
+    assert body["model"] == "test-model"
+    assert body["messages"] == HISTORY
+    assert body["tools"] == [spec.definition("openai") for spec in specs(task)]
+
+
+def test_anthropic_model_sends_system_apart_and_tool_blocks(
+    server: FakeServer, task: Task
+) -> None:
+    server.replies.append(
+        (
+            200,
+            {
+                "content": [
+                    {"type": "text", "text": "Reading it."},
+                    {"type": "tool_use", "id": "tu_9", "name": "read_artifact", "input": {}},
+                ],
+                "stop_reason": "tool_use",
+            },
+        )
+    )
+    model = AnthropicModel(server.endpoint("anthropic"), max_tokens=512)
+    turn = model.respond(HISTORY, specs(task))
+    assert turn == Turn("Reading it.", (ToolCall("tu_9", "read_artifact", {}),))
+    [request] = server.requests
+    assert request["path"] == "/v1/messages"
+    assert request["headers"]["x-api-key"] == "sk-test-key"
+    assert request["headers"]["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in request["headers"]
+    body = request["body"]
+    assert body["system"] == "Be brief." and body["max_tokens"] == 512
+    assert body["tools"] == [spec.definition("anthropic") for spec in specs(task)]
+    assert body["messages"] == [
+        {"role": "user", "content": "Who merged most?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "c1", "name": "list_prs", "input": {}},
+                {"type": "tool_use", "id": "c2", "name": "list_artifacts", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [  # both results of the step in one user message
+                {"type": "tool_result", "tool_use_id": "c1", "content": HISTORY[3]["content"]},
+                {"type": "tool_result", "tool_use_id": "c2", "content": "[]"},
+            ],
+        },
+    ]
+    assert body["messages"] == to_anthropic(HISTORY)[1]
+
+
+def test_to_anthropic_without_a_system_prompt() -> None:
+    system, messages = to_anthropic(HISTORY[1:] + [{"role": "user", "content": "And then?"}])
+    assert system == ""
+    assert messages[-1] == {"role": "user", "content": "And then?"}
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "user"]
+
+
+def openai_reply(text: str, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in calls
+        ]
+    return {"choices": [{"message": message}]}
+
+
+def anthropic_reply(text: str, calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content += [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": dict(c.arguments)} for c in calls
+    ]
+    return {"content": content}
+
+
+@pytest.mark.parametrize(
+    ("provider", "reply", "last_result"),
+    [
+        ("openai", openai_reply, lambda body: body["messages"][-1]["content"]),
+        ("anthropic", anthropic_reply, lambda body: body["messages"][-1]["content"][0]["content"]),
+    ],
+)
+def test_the_loop_runs_against_an_endpoint(
+    server: FakeServer,
+    task: Task,
+    provider: str,
+    reply: Callable[..., dict[str, Any]],
+    last_result: Callable[[dict[str, Any]], str],
+) -> None:
+    server.replies += [
+        (200, reply("", [ToolCall("c1", "list_prs", {})])),
+        (200, reply("150 PRs.")),
+    ]
+    model = model_from_endpoint(server.endpoint(provider, "/v1" if provider == "openai" else ""))
+    result = run(task, model, "How many PRs?", tools=[UserTool(LIST_PRS, list_prs)])
+    assert result.answer == "150 PRs."
+    assert len(server.requests) == 2
+    # What the endpoint saw of the big result is the notice, not the payload.
+    seen = last_result(server.requests[1]["body"])
+    fields = parse_notice(seen)
+    assert fields is not None and fields["tool"] == "list_prs"
+    assert len(json.dumps(server.requests[1]["body"])) < len(json.dumps(PRS)) // 5
+
+
+def test_an_endpoint_error_is_one_line(server: FakeServer, task: Task) -> None:
+    page = b"<html>\n<body>\n<h1>500 Internal Server Error</h1>\n</body>\n</html>\n"
+    for provider in ("openai", "anthropic"):
+        server.replies.append((500, page))
+        model = model_from_endpoint(server.endpoint(provider))
+        with pytest.raises(SpillboxError) as caught:
+            model.respond([{"role": "user", "content": "hi"}], specs(task))
+        message = str(caught.value)
+        assert "\n" not in message, message
+        assert "answered 500" in message and "Internal Server Error" in message
+        assert "sk-test-key" not in message
+
+
+def test_an_endpoint_that_does_not_answer_is_a_clear_error(task: Task) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    model = OpenAIChatModel(ModelEndpoint("openai", f"http://127.0.0.1:{port}", "k", "m"))
+    with pytest.raises(SpillboxError, match="did not answer .* check the base URL"):
+        model.respond([{"role": "user", "content": "hi"}], specs(task))
+
+
+def test_the_endpoint_comes_from_the_environment() -> None:
+    env = {
+        "SPILLBOX_MODEL_PROVIDER": "anthropic",
+        "SPILLBOX_MODEL_BASE_URL": "http://127.0.0.1:9",
+        "SPILLBOX_MODEL_API_KEY": "secret-key",
+        "SPILLBOX_MODEL": "claude-test",
+    }
+    endpoint = Settings.from_env(env).endpoint
+    assert endpoint is not None and "secret-key" not in repr(endpoint)
+    assert isinstance(model_from_endpoint(endpoint), AnthropicModel)
+    openai = Settings.from_env({**env, "SPILLBOX_MODEL_PROVIDER": "openai"}).endpoint
+    assert openai is not None and isinstance(model_from_endpoint(openai), OpenAIChatModel)
+    assert Settings.from_env({"SPILLBOX_MODEL": "m"}).endpoint is None  # no key: scripted only
