@@ -223,9 +223,7 @@ def gate_step(task: Task, shape: str, step: Any) -> list[str]:
 def test_parallel_results_count_as_one_aggregate(task: Task, shape: str) -> None:
     contents = [text_of_tokens(4_000, seed) for seed in range(3)]
     out = gate_step(task, shape, step_in(shape, contents))
-    reasons = [
-        notice(text)["reason"].split()[0] if parse_notice(text) else None for text in out
-    ]
+    reasons = [notice(text)["reason"].split()[0] if parse_notice(text) else None for text in out]
     # Each alone is under the 6,000 per-call threshold; together they are over 10,000.
     assert "per_call" not in reasons
     assert reasons.count("aggregate") >= 1

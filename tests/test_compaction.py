@@ -113,7 +113,11 @@ def test_compaction_is_idempotent_and_keeps_what_it_is_told(task: Task) -> None:
 def test_a_json_result_is_stored_byte_for_byte(task: Task) -> None:
     payload = json.dumps([{"id": i, "note": "x" * 50} for i in range(100)], indent=1)
     messages = [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "j", "function": {"name": "q"}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "j", "function": {"name": "q"}}],
+        },
         {"role": "tool", "tool_call_id": "j", "content": payload},
     ]
     [_, moved] = compact_history(task, messages, keep_last=0)
@@ -177,7 +181,9 @@ def test_responses_history(task: Task) -> None:
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "go"}]
     for i in range(4):
         items.append({"type": "function_call", "call_id": f"fc_{i}", "name": "logs"})
-        items.append({"type": "function_call_output", "call_id": f"fc_{i}", "output": result_text(i)})
+        items.append(
+            {"type": "function_call_output", "call_id": f"fc_{i}", "output": result_text(i)}
+        )
     out = compact_history(task, items, keep_last=1)
     for new, old in zip(out, items, strict=True):
         if old.get("type") != "function_call_output" or old["call_id"] == "fc_3":

@@ -293,9 +293,7 @@ def test_openai_chat_model_sends_the_history_and_parses_tool_calls(
     assert body["tools"] == [spec.definition("openai") for spec in specs(task)]
 
 
-def test_anthropic_model_sends_system_apart_and_tool_blocks(
-    server: FakeServer, task: Task
-) -> None:
+def test_anthropic_model_sends_system_apart_and_tool_blocks(server: FakeServer, task: Task) -> None:
     server.replies.append(
         (
             200,

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import stat
+import string
 import threading
 import time
 from pathlib import Path
@@ -187,6 +188,20 @@ def test_a_cursor_round_trips_and_is_opaque(tmp_path: Path) -> None:
     assert checked["pos"] == [3, 7] and checked["v"] == CURSOR_VERSION
 
 
+def test_every_one_character_edit_of_a_cursor_is_refused(tmp_path: Path) -> None:
+    # Base64 decoding ignores spare bits and stray characters: an edited cursor must
+    # not be accepted because it happens to decode to the signed bytes.
+    signer = CursorSigner(tmp_path)
+    cursor = signer.sign({"task": "t", "pos": [12, 0], "exp": time.time() + 60})
+    alphabet = string.ascii_letters + string.digits + "-_=+/ \n"
+    for i in range(len(cursor) + 1):
+        for ch in alphabet:
+            for edited in (cursor[:i] + ch + cursor[i + 1 :], cursor[:i] + ch + cursor[i:]):
+                if edited != cursor:
+                    with pytest.raises(CursorError):
+                        signer.check(edited, {})
+
+
 def test_another_version_is_refused(tmp_path: Path) -> None:
     signer = CursorSigner(tmp_path)
     future = signer.sign({"v": CURSOR_VERSION + 1, "exp": time.time() + 60})
@@ -206,7 +221,13 @@ def test_expiry_and_expectations_are_checked(tmp_path: Path) -> None:
 def test_the_secret_is_made_once_private_and_shared(tmp_path: Path) -> None:
     home = tmp_path / "home"
     signers: list[CursorSigner] = []
-    threads = [threading.Thread(target=lambda: signers.append(CursorSigner(home))) for _ in range(8)]
+    ready = threading.Barrier(8, timeout=10)
+
+    def make() -> None:
+        ready.wait()  # all at once: the first use of a home is a race
+        signers.append(CursorSigner(home))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -317,9 +317,7 @@ def test_a_cursor_continues_where_the_page_ended(harness: Harness) -> None:
         offload(task, "c1", big_text())
         first = json.loads(toolset.call("read_artifact", {"artifact_id": "c1"}).text)
         second = json.loads(
-            toolset.call(
-                "read_artifact", {"path": "c1.txt", "cursor": first["next_cursor"]}
-            ).text
+            toolset.call("read_artifact", {"path": "c1.txt", "cursor": first["next_cursor"]}).text
         )
     assert second["position"]["start"] == first["position"]["end"]
     assert big_text().startswith(first["text"] + second["text"])

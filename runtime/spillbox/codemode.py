@@ -130,7 +130,14 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
             found.append(Hint("sql", f"SELECT count(*) AS n FROM {table}"))
             found.append(Hint("sql", f"SELECT {columns} FROM {table} LIMIT 5"))
     elif "sh" in languages and shape.kind in ("text", "json_scalar"):
-        found.append(Hint("sh", f"grep -n -i -m 20 error {artifact.path}"))
+        # grep exits 1 when nothing matches; a hint must succeed on a clean log too.
+        found.append(
+            Hint(
+                "sh",
+                f"grep -n -i -m 20 -E 'error|fail|exception' {artifact.path} "
+                "|| echo 'no error lines'",
+            )
+        )
         found.append(Hint("sh", f"tail -n 20 {artifact.path}"))
     elif "sh" in languages and shape.kind == "binary":
         found.append(Hint("sh", f"od -A d -t x1 {artifact.path} | head -n 8"))

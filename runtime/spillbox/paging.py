@@ -83,7 +83,10 @@ class CursorSigner:
         except (ValueError, binascii.Error):
             raise CursorError("cursor is malformed: pass next_cursor exactly as returned") from None
         good = hmac.new(self._key, raw, hashlib.sha256).digest()[:16]
-        if not hmac.compare_digest(tag, good):
+        # Only the exact text signed: base64 decoding ignores spare bits and stray
+        # characters, so an edited cursor could otherwise decode to the signed bytes.
+        canonical = f"{_b64(raw)}.{_b64(tag)}" == cursor
+        if not (canonical and hmac.compare_digest(tag, good)):
             raise CursorError(
                 "cursor is not valid here (tampered, or made by another spillbox home): "
                 "start again without a cursor"
@@ -111,7 +114,8 @@ def _secret(home: Path) -> bytes:
     except FileNotFoundError:
         pass
     home.mkdir(parents=True, exist_ok=True)
-    tmp = home / f".{SECRET_FILE}.{os.getpid()}"
+    # Unique per writer, not per process: threads of one process race here too.
+    tmp = home / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(8)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(secrets.token_bytes(32))

@@ -201,7 +201,7 @@ class Toolset:
         # The page shares the per-call threshold with the JSON around it, whose path and
         # cursor can be long: the content gets what the largest such envelope leaves.
         most = row.bytes
-        widest = Page("records", (most, most), (most, most), most, None, "", False)
+        widest = Page("bytes", (most, most), (most, most), most, None, "", True)
         envelope = counter.count(_body(row, widest, self._cursor(expect, widest.end)))
         limit = max(task.harness.policy.per_call_tokens - envelope, 1)
         slice_ = page(data, row.sha256, _kind(row.name), start, counter, limit)
