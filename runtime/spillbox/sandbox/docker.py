@@ -66,6 +66,9 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 MAX_CODE_BYTES = 256 * 1024
 OOM_MARKER = b"\x1espillbox:oom_killed\n"
 CREATE_ATTEMPTS = 5
+STOPPED_NOTE = b"spillbox: the sandbox stopped while the script ran; the next exec restarts it\n"
+EXEC_NOT_STARTED = 126
+"""The exit code of an exec the runtime could not start (e.g. a stopped gVisor sandbox)."""
 
 _T = TypeVar("_T")
 
@@ -281,7 +284,7 @@ class DockerBackend(SandboxBackend):
             lambda c: (
                 self._sql(storage, c, code, timeout)
                 if lang == "sql"
-                else self._script(c, lang, code, timeout)
+                else self._script(storage.task_id, c, lang, code, timeout)
             ),
         )
 
@@ -290,6 +293,8 @@ class DockerBackend(SandboxBackend):
         with docker_errors(f"running a script in task {storage.task_id!r}"):
             try:
                 return run(container)
+            except _SandboxStopped:
+                pass
             except docker.errors.APIError as e:
                 if not isinstance(e, docker.errors.NotFound) and e.status_code != 409:
                     raise
@@ -306,7 +311,9 @@ class DockerBackend(SandboxBackend):
         if engine is not None:
             engine.close()
 
-    def _script(self, container: Any, lang: str, code: str, timeout: float) -> RawExec:
+    def _script(
+        self, storage_id: str, container: Any, lang: str, code: str, timeout: float
+    ) -> RawExec:
         api = self.client.api
         stream = _ExecStream(
             api,
@@ -316,27 +323,45 @@ class DockerBackend(SandboxBackend):
             stdin=False,
             home=f"{SANDBOX_ROOT}/work",
         )
+        # Behind the in-container timeout: kill the uid's processes, and if output is
+        # still open after that (a kill that could not even start at the pids limit),
+        # restart the container, which ends every process in it.
         hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
+        restart = threading.Timer(
+            timeout + 3 * KILL_GRACE_SECONDS, self._restart, (storage_id, container)
+        )
         hard_kill.start()
+        restart.start()
         started = time.monotonic()
         stdout = _CappedBuffer(self.options.max_output_bytes)
         stderr = _CappedBuffer(1024 * 1024)
+        stream.settimeout(None)  # the timers above bound the wait, not the socket
         try:
             while (frame := stream.frame()) is not None:
                 (stdout if frame[0] == 1 else stderr).add(frame[1])
         except OSError as e:
-            raise ExecError(f"lost the connection to the script: {e}; run it again") from e
+            if not restart.finished.is_set():
+                raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             hard_kill.cancel()
+            restart.cancel()
             stream.close()
         elapsed = time.monotonic() - started
         with docker_errors("reading a script's exit code"):
             exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
-        exit_code = -1 if exit_code is None else int(exit_code)
-        timed_out = elapsed >= timeout and exit_code in (124, 137, -1)
+        exit_code = 137 if exit_code is None else int(exit_code)
+        timed_out = elapsed >= timeout and exit_code in (124, 137)
         if timed_out:
             self._kill_scripts(container)
         err_bytes = stderr.value()
+        if exit_code != 0 and not _running(container):
+            # The sandbox itself stopped (gVisor ends one whose pids limit is hit). A
+            # script that never started runs again in a restarted container; one that
+            # ran is not repeated: its failure is reported, and the next exec restarts.
+            self._forget(storage_id)
+            if exit_code == EXEC_NOT_STARTED:
+                raise _SandboxStopped
+            err_bytes += STOPPED_NOTE
         oom = err_bytes.endswith(OOM_MARKER)
         if oom:
             err_bytes = err_bytes[: -len(OOM_MARKER)]
@@ -348,6 +373,14 @@ class DockerBackend(SandboxBackend):
             oom_killed=oom,
             stdout_truncated=stdout.dropped > 0,
         )
+
+    def _restart(self, task_id: str, container: Any) -> None:
+        """The last resort behind a timeout: restart the container (payloads are on the host)."""
+        self._forget(task_id)
+        try:
+            container.restart(timeout=0)
+        except docker.errors.DockerException:
+            pass  # gone already: the next exec creates a new one
 
     def _kill_scripts(self, container: Any) -> None:
         """Kill every process of the script uid: the whole group and any that escaped it."""
@@ -481,6 +514,18 @@ def cleanup_home(home: Path) -> None:
             backend.storage(task_id).destroy()
     finally:
         backend.close()
+
+
+class _SandboxStopped(Exception):
+    """The container stopped before a script could start in it."""
+
+
+def _running(container: Any) -> bool:
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    return bool(container.status == "running")
 
 
 def _kill_engines(container: Any) -> None:
