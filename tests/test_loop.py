@@ -431,3 +431,25 @@ def test_the_endpoint_comes_from_the_environment() -> None:
     openai = Settings.from_env({**env, "SPILLBOX_MODEL_PROVIDER": "openai"}).endpoint
     assert openai is not None and isinstance(model_from_endpoint(openai), OpenAIChatModel)
     assert Settings.from_env({"SPILLBOX_MODEL": "m"}).endpoint is None  # no key: scripted only
+
+
+def test_malformed_tool_arguments_reach_the_model_as_an_error(
+    server: FakeServer, task: Task
+) -> None:
+    bad_call = {
+        "id": "c9",
+        "type": "function",
+        "function": {"name": "list_artifacts", "arguments": '{"oops": '},
+    }
+    server.replies += [
+        (200, {"choices": [{"message": {"content": None, "tool_calls": [bad_call]}}]}),
+        (200, {"choices": [{"message": {"content": "done"}}]}),
+        (200, {"unexpected": True}),
+    ]
+    model = OpenAIChatModel(server.endpoint("openai", "/v1/"))
+    result = run(task, model, "go")
+    assert result.answer == "done"
+    [tool_message] = [m for m in result.messages if m["role"] == "tool"]
+    assert "not valid JSON" in json.loads(tool_message["content"])["error"]
+    with pytest.raises(SpillboxError, match="unexpected reply"):
+        model.respond([{"role": "user", "content": "hi"}], specs(task))

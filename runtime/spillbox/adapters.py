@@ -40,6 +40,29 @@ def _tool_name(tool: Mapping[str, Any]) -> str:
     return str(function["name"] if isinstance(function, Mapping) else tool.get("name", ""))
 
 
+def _gate_slots(
+    task: Task,
+    slots: Sequence[tuple[dict[str, Any], str, str, bool]],
+    names: Mapping[str, str],
+) -> None:
+    """Gate one step's results in place: each slot is (holder, key, call id, is_error).
+
+    Only offloaded results change; a result left inline is not rewritten.
+    """
+    results = [
+        ToolResult(
+            call_id=call_id,
+            tool=names.get(call_id, DEFAULT_TOOL_NAME),
+            content=_text_of(holder.get(key, "")),
+            is_error=is_error,
+        )
+        for holder, key, call_id, is_error in slots
+    ]
+    for (holder, key, _, _), admitted in zip(slots, task.admit(results), strict=True):
+        if admitted.offloaded:
+            holder[key] = _with_text(holder.get(key, ""), admitted.text)
+
+
 # OpenAI Chat Completions: {"role": "tool", "tool_call_id": ..., "content": str | [parts]}
 
 
@@ -50,20 +73,10 @@ def gate_chat_completions(
 ) -> list[dict[str, Any]]:
     """Gate one step's tool messages; tool_calls (the assistant's) supply tool names."""
     names = {
-        c["id"]: c.get("function", {}).get("name", DEFAULT_TOOL_NAME) for c in tool_calls or ()
+        str(c["id"]): c.get("function", {}).get("name", DEFAULT_TOOL_NAME) for c in tool_calls or ()
     }
     messages = [dict(m) for m in tool_messages]
-    results = [
-        ToolResult(
-            call_id=str(m["tool_call_id"]),
-            tool=names.get(m["tool_call_id"], DEFAULT_TOOL_NAME),
-            content=_text_of(m.get("content", "")),
-        )
-        for m in messages
-    ]
-    for message, admitted in zip(messages, task.admit(results), strict=True):
-        if admitted.offloaded:
-            message["content"] = _with_text(message.get("content", ""), admitted.text)
+    _gate_slots(task, [(m, "content", str(m["tool_call_id"]), False) for m in messages], names)
     return messages
 
 
@@ -74,22 +87,12 @@ def gate_responses(task: Task, items: Sequence[Mapping[str, Any]]) -> list[dict[
     """Gate the function_call_output items of one step; other items pass unchanged."""
     out = [dict(item) for item in items]
     names = {
-        i["call_id"]: i.get("name", DEFAULT_TOOL_NAME)
+        str(i["call_id"]): i.get("name", DEFAULT_TOOL_NAME)
         for i in out
         if i.get("type") == "function_call"
     }
     outputs = [i for i in out if i.get("type") == "function_call_output"]
-    results = [
-        ToolResult(
-            call_id=str(i["call_id"]),
-            tool=names.get(i["call_id"], DEFAULT_TOOL_NAME),
-            content=_text_of(i.get("output", "")),
-        )
-        for i in outputs
-    ]
-    for item, admitted in zip(outputs, task.admit(results), strict=True):
-        if admitted.offloaded:
-            item["output"] = _with_text(item.get("output", ""), admitted.text)
+    _gate_slots(task, [(i, "output", str(i["call_id"]), False) for i in outputs], names)
     return out
 
 
@@ -106,7 +109,7 @@ def gate_anthropic(
     Non-text parts of a result (images) stay as they are; its text is gated.
     """
     names = {
-        b["id"]: b.get("name", DEFAULT_TOOL_NAME)
+        str(b["id"]): b.get("name", DEFAULT_TOOL_NAME)
         for b in assistant_content or ()
         if b.get("type") == "tool_use"
     }
@@ -116,19 +119,12 @@ def gate_anthropic(
         out_message["content"] = blocks
     else:
         blocks = [dict(b) for b in message]
-    tool_blocks = [b for b in blocks if b.get("type") == "tool_result"]
-    results = [
-        ToolResult(
-            call_id=str(b["tool_use_id"]),
-            tool=names.get(b["tool_use_id"], DEFAULT_TOOL_NAME),
-            content=_text_of(b.get("content", "")),
-            is_error=bool(b.get("is_error", False)),
-        )
-        for b in tool_blocks
+    slots = [
+        (b, "content", str(b["tool_use_id"]), bool(b.get("is_error", False)))
+        for b in blocks
+        if b.get("type") == "tool_result"
     ]
-    for block, admitted in zip(tool_blocks, task.admit(results), strict=True):
-        if admitted.offloaded:
-            block["content"] = _with_text(block.get("content", ""), admitted.text)
+    _gate_slots(task, slots, names)
     return out_message if isinstance(message, Mapping) else blocks
 
 

@@ -35,6 +35,8 @@ class ToolCall:
     id: str
     name: str
     arguments: Mapping[str, Any]
+    error: str | None = None
+    """Why the arguments could not be read (e.g. a model sent malformed JSON)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,8 @@ def run(
 
 
 def _call(call: ToolCall, user_tools: Mapping[str, UserTool], toolset: Toolset) -> ToolResult:
+    if call.error is not None:
+        return ToolResult(call.id, call.name, json.dumps({"error": call.error}), is_error=True)
     if call.name in toolset.names:
         output = toolset.call(call.name, call.arguments)
         return ToolResult(call.id, call.name, output.text, output.is_error, output.offloadable)
@@ -195,11 +199,14 @@ class OpenAIChatModel:
             body,
             {"Authorization": f"Bearer {self.endpoint.api_key}"},
         )
-        message = reply["choices"][0]["message"]
-        calls = tuple(
-            ToolCall(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"))
-            for c in message.get("tool_calls") or ()
-        )
+        try:
+            message = reply["choices"][0]["message"]
+            calls = tuple(
+                _openai_call(c["id"], c["function"]["name"], c["function"].get("arguments"))
+                for c in message.get("tool_calls") or ()
+            )
+        except (KeyError, IndexError, TypeError) as e:
+            raise SpillboxError(f"the model endpoint sent an unexpected reply (no {e})") from e
         return Turn(text=message.get("content") or "", tool_calls=calls)
 
 
@@ -225,13 +232,28 @@ class AnthropicModel:
             body,
             {"x-api-key": self.endpoint.api_key, "anthropic-version": "2023-06-01"},
         )
-        text = "".join(b.get("text", "") for b in reply["content"] if b.get("type") == "text")
-        calls = tuple(
-            ToolCall(b["id"], b["name"], b.get("input") or {})
-            for b in reply["content"]
-            if b.get("type") == "tool_use"
-        )
+        try:
+            blocks = reply["content"]
+            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            calls = tuple(
+                ToolCall(b["id"], b["name"], b.get("input") or {})
+                for b in blocks
+                if b.get("type") == "tool_use"
+            )
+        except (KeyError, TypeError) as e:
+            raise SpillboxError(f"the model endpoint sent an unexpected reply (no {e})") from e
         return Turn(text=text, tool_calls=calls)
+
+
+def _openai_call(call_id: str, name: str, arguments: str | None) -> ToolCall:
+    """A tool call whose JSON arguments may be malformed: the model then sees the error."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError as e:
+        return ToolCall(call_id, name, {}, error=f"the arguments are not valid JSON ({e})")
+    if not isinstance(parsed, dict):
+        return ToolCall(call_id, name, {}, error="the arguments must be a JSON object")
+    return ToolCall(call_id, name, parsed)
 
 
 def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

@@ -19,6 +19,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -137,15 +138,17 @@ def _unb64(text: str) -> bytes:
 
 
 _parsed: OrderedDict[str, list[Any] | None] = OrderedDict()
+_parsed_lock = threading.Lock()
 
 
 def _records(data: bytes, digest: str, kind: str) -> list[Any] | None:
     """The records of a JSON array or NDJSON payload, else None; parsed once per digest
     (a payload that is not records is remembered too, or every page would parse it)."""
     key = f"{digest}:{kind}"
-    if key in _parsed:
-        _parsed.move_to_end(key)
-        return _parsed[key]
+    with _parsed_lock:
+        if key in _parsed:
+            _parsed.move_to_end(key)
+            return _parsed[key]
     records: list[Any] | None
     try:
         if kind == "json_array":
@@ -155,9 +158,10 @@ def _records(data: bytes, digest: str, kind: str) -> list[Any] | None:
             records = [json.loads(line) for line in data.splitlines() if line.strip()]
     except ValueError:
         records = None
-    _parsed[key] = records
-    while len(_parsed) > _PARSED_CACHE:
-        _parsed.popitem(last=False)
+    with _parsed_lock:
+        _parsed[key] = records
+        while len(_parsed) > _PARSED_CACHE:
+            _parsed.popitem(last=False)
     return records
 
 
