@@ -323,13 +323,19 @@ class DockerBackend(SandboxBackend):
             stdin=False,
             home=f"{SANDBOX_ROOT}/work",
         )
-        # Behind the in-container timeout: kill the uid's processes, and if output is
-        # still open after that (a kill that could not even start at the pids limit),
-        # restart the container, which ends every process in it.
+        # Behind the in-container timeout: kill the uid's processes; if output is still
+        # open after that (a kill that could not start at the pids limit, a sandbox that
+        # died under its exec), stop waiting and restart the container, which ends
+        # every process in it.
+        gave_up = threading.Event()
+
+        def give_up() -> None:
+            gave_up.set()
+            stream.abort()
+            self._restart(storage_id, container)
+
         hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
-        restart = threading.Timer(
-            timeout + 3 * KILL_GRACE_SECONDS, self._restart, (storage_id, container)
-        )
+        restart = threading.Timer(timeout + 3 * KILL_GRACE_SECONDS, give_up)
         hard_kill.start()
         restart.start()
         started = time.monotonic()
@@ -340,18 +346,20 @@ class DockerBackend(SandboxBackend):
             while (frame := stream.frame()) is not None:
                 (stdout if frame[0] == 1 else stderr).add(frame[1])
         except OSError as e:
-            if not restart.finished.is_set():
+            if not gave_up.is_set():
                 raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             hard_kill.cancel()
             restart.cancel()
             stream.close()
         elapsed = time.monotonic() - started
-        with docker_errors("reading a script's exit code"):
-            exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
+        exit_code = None
+        if not gave_up.is_set():  # a restart deletes the exec and its exit code with it
+            with docker_errors("reading a script's exit code"):
+                exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
         exit_code = 137 if exit_code is None else int(exit_code)
-        timed_out = elapsed >= timeout and exit_code in (124, 137)
-        if timed_out:
+        timed_out = gave_up.is_set() or (elapsed >= timeout and exit_code in (124, 137))
+        if timed_out and not gave_up.is_set():
             self._kill_scripts(container)
         err_bytes = stderr.value()
         if exit_code != 0 and not _running(container):
@@ -587,6 +595,13 @@ class _ExecStream:
 
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)
+
+    def abort(self) -> None:
+        """Wake a reader blocked on this stream from another thread: it sees the end."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
     def send(self, data: bytes) -> None:
         self._sock.sendall(data)
