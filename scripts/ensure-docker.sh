@@ -44,7 +44,7 @@ if ! pgrep -x dockerd >/dev/null; then
     # A dockerd killed without cleanup leaves its pid file behind and refuses to start.
     rm -f /var/run/docker.pid
     echo "spillbox: starting dockerd in the background (log: /var/log/spillbox-dockerd.log)" >&2
-    nohup dockerd >/var/log/spillbox-dockerd.log 2>&1 &
+    nohup dockerd >>/var/log/spillbox-dockerd.log 2>&1 &
 fi
 
 for _ in $(seq 1 60); do
