@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox.notice import describe
-from spillbox.profile import EXTENSIONS, PROFILE_BUDGET_BYTES, Shape, profile
+from spillbox.profile import (
+    EXTENSIONS,
+    PROFILE_BUDGET_BYTES,
+    Shape,
+    _loaded_shape,
+    _streamed_shape,
+    profile,
+)
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00"
 
@@ -222,3 +229,17 @@ def test_profile_never_raises_and_binary_means_not_utf8(data: bytes) -> None:
     except UnicodeDecodeError:
         utf8 = False
     assert (shape.kind == "binary") == (not utf8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    value=st.one_of(
+        st.lists(json_values, max_size=8),
+        st.dictionaries(st.text(max_size=10), json_values, max_size=8),
+    ),
+    indent=st.sampled_from([None, 2]),
+)
+def test_the_whole_parse_and_the_stream_describe_alike(value: Any, indent: int | None) -> None:
+    # Small payloads take the C parser, large ones the streaming one: same shape.
+    data = json.dumps(value, indent=indent).encode()
+    assert _loaded_shape(json.loads(data)) == _streamed_shape(data)
