@@ -285,7 +285,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
             "Missed at "
             + ", ".join(f"{r['payload']} (floor {r['floor_ms']:.2f} ms)" for r in missed)
             + ": an offload pays fixed costs the floor does not (a second tiktoken call for "
-            "the notice, the catalog insert, the streaming profile, and for a first offload "
+            "the notice, the catalog insert, the shape profile, and for a first offload "
             "a container starting in the background on the same cores). At "
             f"{smallest['payload']} they come to "
             f"{smallest['first_ms'] - smallest['floor_ms']:.1f} ms (first) and "
