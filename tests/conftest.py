@@ -4,6 +4,7 @@ none answers (never skip), elsewhere they skip with the reason."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,3 +54,20 @@ def docker_home(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str) ->
     path = tmp_path_factory.mktemp("docker-home")
     yield path
     cleanup_home(path)
+
+
+class Clock:
+    """time.time() shifted by an offset the test moves forward."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.offset = 0.0
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + self.offset)
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return Clock(monkeypatch)

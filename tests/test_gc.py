@@ -13,29 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Clock
 from spillbox import Harness, Policy, ToolResult
 from spillbox import gc as spillbox_gc
 from spillbox.gc import Removal
 from spillbox.harness import Task
 from spillbox.retention import Retention
 from spillbox.sandbox.storage import TaskStorage
-
-
-class Clock:
-    """time.time() shifted by an offset the test moves forward."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.offset = 0.0
-        real = time.time
-        monkeypatch.setattr(time, "time", lambda: real() + self.offset)
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    return Clock(monkeypatch)
 
 
 def make_harness(home: Path, gc_interval: float = -1) -> Harness:

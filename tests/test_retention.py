@@ -14,29 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Clock
 from spillbox import ConfigError, Harness, Policy, ToolResult
 from spillbox.catalog import ArtifactRow
 from spillbox.config import Settings
 from spillbox.errors import RetentionError
 from spillbox.harness import Task
 from spillbox.retention import Retention, parse_duration, parse_size, redact
-
-
-class Clock:
-    """time.time() shifted by an offset the test moves forward."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.offset = 0.0
-        real = time.time
-        monkeypatch.setattr(time, "time", lambda: real() + self.offset)
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    return Clock(monkeypatch)
 
 
 @pytest.fixture
