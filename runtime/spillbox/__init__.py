@@ -6,19 +6,31 @@ byte for byte in the task's sandbox, and the model gets a compact notice instead
 
 from __future__ import annotations
 
+from spillbox.adapters import (
+    add_tools,
+    compact_history,
+    gate_anthropic,
+    gate_chat_completions,
+    gate_responses,
+)
 from spillbox.codemode import ExecResult, Lang
 from spillbox.config import Policy, Settings
 from spillbox.errors import (
     ConfigError,
     ExecError,
+    RetentionError,
     SandboxError,
     SpillboxError,
     StorageError,
 )
 from spillbox.gate import Reason, ToolResult
 from spillbox.harness import Admitted, Artifact, Harness, Task
+from spillbox.loop import LoopResult, ScriptedModel, ToolCall, Turn, UserTool
+from spillbox.loop import run as run_loop
 from spillbox.notice import parse_notice
+from spillbox.retention import Retention
 from spillbox.tokens import TiktokenCounter, TokenCount, TokenCounter
+from spillbox.tools import ToolOutput, Toolset, ToolSpec
 
 __all__ = [
     "Admitted",
@@ -28,9 +40,13 @@ __all__ = [
     "ExecResult",
     "Harness",
     "Lang",
+    "LoopResult",
     "Policy",
     "Reason",
+    "Retention",
+    "RetentionError",
     "SandboxError",
+    "ScriptedModel",
     "Settings",
     "SpillboxError",
     "StorageError",
@@ -38,6 +54,18 @@ __all__ = [
     "TiktokenCounter",
     "TokenCount",
     "TokenCounter",
+    "ToolCall",
+    "ToolOutput",
     "ToolResult",
+    "ToolSpec",
+    "Toolset",
+    "Turn",
+    "UserTool",
+    "add_tools",
+    "compact_history",
+    "gate_anthropic",
+    "gate_chat_completions",
+    "gate_responses",
     "parse_notice",
+    "run_loop",
 ]
