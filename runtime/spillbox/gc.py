@@ -96,11 +96,12 @@ def _sweep_task_files(
     """Temp files a crashed offload left, and payload files with no live catalog row."""
     incoming = storage.root / INCOMING_DIR
     if incoming.is_dir():
-        for entry in os.scandir(incoming):
-            if entry.stat(follow_symlinks=False).st_mtime < older_than:
-                yield Removal("temp", storage.task_id, entry.name, "interrupted offload")
-                if not dry_run:
-                    _unlink(Path(entry.path))
+        with os.scandir(incoming) as entries:
+            stale = [entry for entry in entries if _mtime(Path(entry.path)) < older_than]
+        for entry in stale:
+            yield Removal("temp", storage.task_id, entry.name, "interrupted offload")
+            if not dry_run:
+                _unlink(Path(entry.path))
     live = {row.name for row in harness.catalog.artifacts(storage.task_id)}
     for name in storage.names():
         path = storage.offload / name

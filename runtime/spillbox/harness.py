@@ -248,6 +248,9 @@ class Task(_ClosedOnExit):
         """Gate one step's results (parallel calls count as one aggregate)."""
         with self._lock:
             decisions = admit(results, self.harness.policy, self.harness.counter, self._offload)
+        # Start the sandbox only now, while the model reads this step: a container start
+        # competing for the cores would slow this step's offloads several times over.
+        self.harness.backend.warm(self.storage)
         return [
             Admitted(
                 call_id=d.result.call_id,

@@ -48,7 +48,11 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     def create(self, storage: TaskStorage) -> None:
-        """Make the task's sandbox ready (it may finish starting in the background)."""
+        """Prepare the task's storage; cheap, and the sandbox itself is not started yet."""
+
+    def warm(self, storage: TaskStorage) -> None:
+        """Start the task's sandbox in the background, so the first script need not wait."""
+        return None  # a backend without a sandbox has nothing to start
 
     def put(
         self, storage: TaskStorage, stem: str, extension: str, data: bytes, sha256: str

@@ -154,12 +154,15 @@ class DockerBackend(SandboxBackend):
         return f"spillbox-{home_digest}-{safe_name(storage.task_id)}"
 
     def create(self, storage: TaskStorage) -> None:
-        """Prepare storage now; start the container in the background."""
+        """Prepare the task's storage for the sandbox's two uids."""
         storage.ensure()
         os.chown(storage.work, SCRIPT_UID, SANDBOX_GID)
         os.chown(storage.cache, ENGINE_UID, SANDBOX_GID)
         os.chmod(storage.work, 0o770)
         os.chmod(storage.cache, 0o750)
+
+    def warm(self, storage: TaskStorage) -> None:
+        """Start (or find) the task's container in the background; idempotent."""
         with self._lock:
             if storage.task_id in self._starting:
                 return
@@ -261,10 +264,8 @@ class DockerBackend(SandboxBackend):
         )
 
     def _ready(self, storage: TaskStorage) -> Any:
-        thread = self._starting.get(storage.task_id)
-        if thread is None:
-            self.create(storage)
-            thread = self._starting[storage.task_id]
+        self.warm(storage)
+        thread = self._starting[storage.task_id]
         thread.join()
         error = self._start_errors.pop(storage.task_id, None)
         if error is not None:

@@ -173,18 +173,26 @@ class TaskStorage:
     def clear_cache(self) -> None:
         """Delete every derived copy (query-engine tables) of the task's payloads."""
         if self.cache.is_dir():
-            for entry in os.scandir(self.cache):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+            with os.scandir(self.cache) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
 
     def names(self) -> list[str]:
         """The payload files of the task, oldest first."""
         if not self.offload.is_dir():
             return []
-        files = [p for p in self.offload.iterdir() if p.is_file() and not p.is_symlink()]
-        return [p.name for p in sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name))]
+        found: list[tuple[int, str]] = []
+        with os.scandir(self.offload) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.name))
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+        return [name for _, name in sorted(found)]
 
     def exists(self) -> bool:
         return self.root.is_dir()
