@@ -3,10 +3,12 @@ none answers (never skip), elsewhere they skip with the reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +73,22 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return Clock(monkeypatch)
+
+
+def read_all_pages(toolset: Any, **ref: str) -> list[tuple[Any, dict[str, Any]]]:
+    """Every page of an artifact through read_artifact, following next_cursor: the tool's
+    output and its decoded body, page after page."""
+    pages: list[tuple[Any, dict[str, Any]]] = []
+    cursor: str | None = None
+    while True:
+        args: dict[str, Any] = dict(ref)
+        if cursor is not None:
+            args["cursor"] = cursor
+        output = toolset.call("read_artifact", args)
+        assert not output.is_error, output.text
+        body = json.loads(output.text)
+        pages.append((output, body))
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return pages
+        assert len(pages) < 5_000, "paging does not end"

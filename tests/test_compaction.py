@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from conftest import read_all_pages
 from spillbox import Harness, Task, parse_notice
 from spillbox.adapters import compact_history
 from spillbox.tools import Toolset
@@ -41,19 +42,7 @@ def read_back(toolset: Toolset, path: str) -> str:
 
 
 def read_pages(toolset: Toolset, path: str) -> list[str]:
-    texts: list[str] = []
-    cursor = None
-    while True:
-        args: dict[str, Any] = {"path": path}
-        if cursor:
-            args["cursor"] = cursor
-        output = toolset.call("read_artifact", args)
-        assert not output.is_error, output.text
-        body = json.loads(output.text)
-        texts.append(body["text"])
-        cursor = body["next_cursor"]
-        if cursor is None:
-            return texts
+    return [body["text"] for _, body in read_all_pages(toolset, path=path)]
 
 
 def chat_history(n: int = 10) -> list[dict[str, Any]]:

@@ -136,7 +136,7 @@ def test_destroy_removes_everything_but_not_outside(home: Path, tmp_path: Path) 
     storage.write("c1", "json", b"[]")
     (storage.work / "escape").symlink_to(outside)
     storage.destroy()
-    assert not storage.exists()
+    assert not storage.root.exists()
     assert (outside / "keep").read_text() == "keep"
     assert stored_task_ids(home) == []
 

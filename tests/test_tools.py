@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from conftest import read_all_pages
 from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
 from spillbox.codemode import LANGS
 from spillbox.paging import CURSOR_TTL_SECONDS, SECRET_FILE
@@ -48,23 +49,12 @@ def offload(task: Any, call_id: str, content: str | bytes, tool: str = "t") -> A
 def read_pages(toolset: Toolset, limit: int, **ref: str) -> list[dict[str, Any]]:
     """Every page of an artifact, following next_cursor; checks each page's bounds."""
     counter = toolset.task.harness.counter
-    pages: list[dict[str, Any]] = []
-    cursor: str | None = None
-    while True:
-        args: dict[str, Any] = dict(ref)
-        if cursor is not None:
-            args["cursor"] = cursor
-        output = toolset.call("read_artifact", args)
-        assert not output.is_error, output.text
+    pages = read_all_pages(toolset, **ref)
+    for output, body in pages:
         assert not output.offloadable  # a page never goes back through the aggregate rule
         assert counter.count(output.text) <= limit, "a page is over the per-call threshold"
-        body = json.loads(output.text)
-        pages.append(body)
-        cursor = body["next_cursor"]
-        assert body["has_more"] is (cursor is not None)
-        if cursor is None:
-            return pages
-        assert len(pages) < 5_000, "paging does not end"
+        assert body["has_more"] is (body["next_cursor"] is not None)
+    return [body for _, body in pages]
 
 
 def check_schema(schema: Any) -> None:

@@ -318,9 +318,9 @@ class Task(_ClosedOnExit):
             raise RetentionError(row.tombstone())
         return row
 
-    def read(self, ref: str, actor: str = "harness") -> bytes:
-        """The bytes of an artifact (logged as a read)."""
-        row = self.artifact(ref)
+    def read(self, ref: str | ArtifactRow, actor: str = "harness") -> bytes:
+        """The bytes of an artifact, by reference or as already looked up (logged as a read)."""
+        row = self.artifact(ref) if isinstance(ref, str) else ref
         data = self.harness.backend.read(self.storage, row.name)
         self.accessed(row, "read", actor)
         return data

@@ -196,7 +196,7 @@ class Toolset:
         if args.get("cursor"):
             fields = self._signer.check(str(args["cursor"]), expect)
             start = (int(fields["pos"][0]), int(fields["pos"][1]))
-        data = task.read(row.artifact_id, actor=READ_ARTIFACT)
+        data = task.read(row, actor=READ_ARTIFACT)
         counter = task.harness.counter
         # The page shares the per-call threshold with the JSON around it, whose path and
         # cursor can be long: the content gets what the largest such envelope leaves.

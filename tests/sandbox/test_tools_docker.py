@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from conftest import read_all_pages
 from spillbox import Harness, ToolResult, parse_notice
 from spillbox.tools import Toolset
 
@@ -154,25 +155,11 @@ def test_sandbox_exec_as_the_model_calls_it(harness: Harness) -> None:
         assert error and "artifact" in body["error"]
 
 
-def read_all(toolset: Toolset, path: str) -> list[dict[str, Any]]:
-    pages, cursor = [], None
-    while True:
-        args: dict[str, Any] = {"path": path}
-        if cursor:
-            args["cursor"] = cursor
-        output = toolset.call("read_artifact", args)
-        assert not output.is_error, output.text
-        pages.append(json.loads(output.text))
-        cursor = pages[-1]["next_cursor"]
-        if cursor is None:
-            return pages
-
-
 def test_read_artifact_and_list_artifacts_use_sandbox_paths(harness: Harness) -> None:
     with harness.task("paths") as task:
         toolset = Toolset(task)
         task.admit([ToolResult(call_id="arr", tool="list_prs", content=PAYLOADS["arr"])])
         [row] = json.loads(toolset.call("list_artifacts", {}).text)
         assert row["path"] == "/sandbox/offload/arr.json" and row["tool"] == "list_prs"
-        pages = read_all(toolset, row["path"])
+        pages = [body for _, body in read_all_pages(toolset, path=row["path"])]
         assert [i for p in pages for i in p["items"]] == json.loads(PAYLOADS["arr"])  # type: ignore[arg-type]

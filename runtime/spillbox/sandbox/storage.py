@@ -194,9 +194,6 @@ class TaskStorage:
                     continue  # deleted meanwhile
         return [name for _, name in sorted(found)]
 
-    def exists(self) -> bool:
-        return self.root.is_dir()
-
     def destroy(self) -> None:
         """Delete all of the task's storage. rmtree never follows symlinks a script planted."""
         if self.root.exists():
