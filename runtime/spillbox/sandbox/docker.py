@@ -296,11 +296,14 @@ class DockerBackend(SandboxBackend):
                 return run(container)
             except _SandboxStopped:
                 pass
-            except docker.errors.APIError as e:
-                if not isinstance(e, docker.errors.NotFound) and e.status_code != 409:
+            except docker.errors.APIError:
+                # Docker reports an exec into a stopped container as 404, 409 or (20.10)
+                # 500 "is not running": ask the container, not the status code.
+                if _running(container):
                     raise
-            # Removed or stopped from outside, or the daemon restarted: the payloads are
-            # on the host, so find, start or recreate the container and run once more.
+            # Removed or stopped from outside (or by gVisor at its pids limit, a moment
+            # after the last script ended), or the daemon restarted: the payloads are on
+            # the host, so find, start or recreate the container and run once more.
             self._forget(storage.task_id)
             return run(self.container(storage))
 
