@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,20 @@ def test_timeout_kills_the_whole_process_group(harness: Harness) -> None:
     with harness.task("slow") as task:
         result = task.exec("sh", "sleep 300 & sleep 301 & wait", timeout=1)
         assert result.timed_out
+        ps = task.exec("sh", "ps -eo user:12,args")
+        assert "sleep 30" not in ps.text, ps.text
+
+
+def test_a_timeout_kills_only_its_own_script_not_a_concurrent_one(harness: Harness) -> None:
+    # Parallel tool calls of one step run scripts side by side in the task's sandbox: the
+    # one that times out is killed, and what it left behind, but not its neighbour.
+    with harness.task("pair") as task, ThreadPoolExecutor(2) as pool:
+        steady = pool.submit(task.exec, "sh", "sleep 4; echo steady done", timeout=30)
+        time.sleep(0.5)
+        slow = pool.submit(task.exec, "sh", "sleep 300 & sleep 301 & wait", timeout=1)
+        assert slow.result().timed_out
+        done = steady.result()
+        assert (done.exit_code, done.text.strip(), done.timed_out) == (0, "steady done", False)
         ps = task.exec("sh", "ps -eo user:12,args")
         assert "sleep 30" not in ps.text, ps.text
 

@@ -16,6 +16,7 @@ process that left its group.
 
 from __future__ import annotations
 
+import collections
 import getpass
 import hashlib
 import json
@@ -141,6 +142,8 @@ class DockerBackend(SandboxBackend):
         self._engines: dict[str, _SqlEngine] = {}
         self._running: dict[str, Any] = {}
         """The container each task's last exec used: saves a lookup (list + inspect) per exec."""
+        self._scripts: collections.Counter[str] = collections.Counter()
+        """Scripts running per task in this process: a sweep of the uid must spare the others."""
         self._lock = threading.Lock()
 
     @property
@@ -342,6 +345,8 @@ class DockerBackend(SandboxBackend):
         restart = threading.Timer(timeout + 3 * KILL_GRACE_SECONDS, give_up)
         hard_kill.start()
         restart.start()
+        with self._lock:
+            self._scripts[storage_id] += 1
         started = time.monotonic()
         stdout = _CappedBuffer(self.options.max_output_bytes)
         stderr = _CappedBuffer(1024 * 1024)
@@ -356,6 +361,11 @@ class DockerBackend(SandboxBackend):
             hard_kill.cancel()
             restart.cancel()
             stream.close()
+            with self._lock:
+                self._scripts[storage_id] -= 1
+                alone = not self._scripts[storage_id]
+                if alone:
+                    del self._scripts[storage_id]
         elapsed = time.monotonic() - started
         exit_code = None
         if not gave_up.is_set():  # a restart deletes the exec and its exit code with it
@@ -363,7 +373,9 @@ class DockerBackend(SandboxBackend):
                 exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
         exit_code = 137 if exit_code is None else int(exit_code)
         timed_out = gave_up.is_set() or (elapsed >= timeout and exit_code in (124, 137))
-        if timed_out and not gave_up.is_set():
+        if timed_out and not gave_up.is_set() and alone:
+            # What escaped the script's group; with a neighbour still running, the sweep
+            # waits for the last script of the task to end (run.sh sweeps then).
             self._kill_scripts(container)
         err_bytes = stderr.value()
         if exit_code != 0 and not _running(container):

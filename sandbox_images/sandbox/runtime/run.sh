@@ -5,7 +5,8 @@
 # time is up (TERM, then KILL 2 s later). When the script ends, in time or not, what it
 # left running in its group (`cmd &`, nohup) is killed too; and if no other script of
 # the task is running, so is every process of the script uid, which catches one that
-# left its group with setsid. The host sweeps the uid again after a timeout.
+# left its group with setsid. After a timeout the host sweeps the uid again, once no
+# other script of the task is running.
 # Whether the memory limit killed something is read from the cgroup's oom_kill counter
 # before and after, and reported as the last stderr line for the host to strip.
 limit="$1" lang="$2" code="$3"
