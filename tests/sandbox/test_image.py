@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import socket
@@ -140,3 +141,28 @@ def test_a_stalled_pull_does_not_hang_auto(docker_client: docker.DockerClient) -
     assert not usable
     assert time.monotonic() - started < 5
     assert lines[-1].startswith("no registry: pulling")
+
+
+@pytest.mark.docker
+def test_a_build_removes_outdated_images_that_no_container_uses(
+    docker_client: docker.DockerClient, sandbox_image: str
+) -> None:
+    # Two "earlier versions": distinct images that carry the sandbox label, built locally.
+    outdated = []
+    for n in range(2):
+        tag = f"{image.IMAGE_REPOSITORY}:test-outdated-{uuid.uuid4().hex[:8]}"
+        context = io.BytesIO(f"FROM {sandbox_image}\nLABEL spillbox.test-outdated={n}\n".encode())
+        docker_client.images.build(fileobj=context, tag=tag, rm=True)
+        outdated.append(tag)
+    in_use = docker_client.containers.create(outdated[1], labels={"spillbox.test": "1"})
+    lines: list[str] = []
+    try:
+        image.prune_outdated(docker_client, sandbox_image, lines.append)
+        assert not image._image_exists(docker_client, outdated[0])
+        assert image._image_exists(docker_client, outdated[1])  # a container still uses it
+        assert image._image_exists(docker_client, sandbox_image)
+        assert f"removed outdated image {outdated[0]}" in lines
+    finally:
+        in_use.remove(force=True)
+    image.prune_outdated(docker_client, sandbox_image, lines.append)
+    assert not image._image_exists(docker_client, outdated[1])

@@ -34,6 +34,7 @@ from spillbox.errors import ConfigError, SandboxError
 
 IMAGE_REPOSITORY = "spillbox-sandbox"
 BASE_REPOSITORY = "spillbox-base"
+IMAGE_LABEL = "spillbox.image"
 REGISTRY_BASE = "python:3.11-slim"
 DEBIAN_SUITE = "bookworm"
 """Its python3 is 3.11, which the cp311 wheels need."""
@@ -135,7 +136,7 @@ def build_image(
                 path=str(context),
                 tag=tag,
                 buildargs={"BASE": base_image},
-                labels={"spillbox.image": "1", "spillbox.content-hash": content_hash},
+                labels={IMAGE_LABEL: "1", "spillbox.content-hash": content_hash},
                 network_mode=network_mode,
                 rm=True,
                 forcerm=True,
@@ -152,7 +153,27 @@ def build_image(
                 for line in _event_lines(event):
                     output = line
                     report(line)
+    prune_outdated(client, tag, report)
     return tag
+
+
+def prune_outdated(client: docker.DockerClient, keep: str, report: Progress) -> None:
+    """Remove the sandbox images of earlier file versions that no container uses.
+
+    Each upgrade builds a new image of about 450 MB; the old ones would stay forever. An image
+    a container still uses (a task of another spillbox version) is kept: Docker refuses.
+    """
+    with _docker_errors("listing outdated sandbox images", "check that Docker is running"):
+        images = client.images.list(filters={"label": f"{IMAGE_LABEL}=1"})
+    for image in images:
+        if keep in image.tags:
+            continue
+        for ref in image.tags or [image.id]:
+            try:
+                client.images.remove(ref)
+            except docker.errors.APIError:
+                continue  # in use, or removed meanwhile by another process
+            report(f"removed outdated image {ref}")
 
 
 def _tag(content_hash: str) -> str:
