@@ -151,6 +151,17 @@ def test_large_array_count_is_an_estimate_that_says_so() -> None:
     assert abs(shape.count - len(items)) <= 0.25 * len(items)
     assert describe(shape).startswith("JSON array of about ")
     assert shape.keys == ("id", "body")
+    assert len(str(shape.count).rstrip("0")) <= 2  # no more digits than an estimate has
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"), [(400, "about 400 "), (1_000, "about 1,000 "), (2_600, "about 2,600 ")]
+)
+def test_an_estimated_count_is_rounded_to_two_digits(rows: int, expected: str) -> None:
+    # Rows of one size: the extrapolation is close, and rounding makes it read exact.
+    data = json.dumps([{"id": f"{i:08d}", "body": "x" * 1200} for i in range(rows)]).encode()
+    assert len(data) > PROFILE_BUDGET_BYTES
+    assert expected in describe(shape_of(data))
 
 
 def test_large_object_reports_keys_seen_so_far() -> None:

@@ -207,7 +207,7 @@ def _streamed_shape(data: bytes) -> Shape | None:
         if finished:
             count: int | None = elements
         else:
-            count = round(elements * len(data) / parsed_upto) if elements else None
+            count = _estimate(elements * len(data) / parsed_upto) if elements else None
         return Shape(
             kind="json_array",
             count=count,
@@ -218,6 +218,13 @@ def _streamed_shape(data: bytes) -> Shape | None:
     if top == "start_map":
         return Shape(kind="json_object", keys=tuple(keys), nested=nested, count_exact=finished)
     return None
+
+
+def _estimate(count: float) -> int:
+    """An extrapolated count, rounded to the two significant digits it can claim: a notice
+    saying "about 398" for an array of 400 would read as more precise than it is."""
+    digits = len(str(round(count)))
+    return int(round(count, min(0, 2 - digits)))
 
 
 def _element_name(kinds: set[str]) -> str | None:
