@@ -71,6 +71,28 @@ def test_reopening_is_idempotent_and_keeps_the_data(home: Path) -> None:
     assert _versions(home) == list(range(1, len(MIGRATIONS) + 1))
 
 
+def test_an_older_catalog_is_migrated_in_place_and_keeps_its_data(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("spillbox.catalog.MIGRATIONS", MIGRATIONS[:1])
+    first = Catalog(home)
+    first.open_task("t1", "{}")
+    first.add_artifact(_row("t1", "a1", sha256="a" * 64))
+    first.close()
+    assert _versions(home) == [1]
+    monkeypatch.undo()
+    catalog = Catalog(home)
+    assert _versions(home) == list(range(1, len(MIGRATIONS) + 1))
+    found = catalog.identical("t1", "a" * 64, 10)
+    assert found is not None and found.artifact_id == "a1"
+    catalog.close()
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT * FROM artifacts WHERE task_id = 't1' AND sha256 = 'x'"
+        ).fetchall()
+    assert "artifacts_by_digest" in str(plan)
+
+
 def test_a_newer_schema_is_refused_with_a_config_error(home: Path) -> None:
     Catalog(home).close()
     with sqlite3.connect(home / CATALOG_FILE) as conn:

@@ -77,6 +77,10 @@ MIGRATIONS: Sequence[str] = (
     );
     CREATE INDEX access_log_by_task ON access_log(task_id, id);
     """,
+    # 2: finding the stored copy of the same bytes without scanning every artifact of a task.
+    """
+    CREATE INDEX artifacts_by_digest ON artifacts(task_id, sha256);
+    """,
 )
 
 
