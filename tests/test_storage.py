@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox.errors import StorageError
-from spillbox.sandbox.storage import TaskStorage, safe_name, stored_task_ids
+from spillbox.sandbox.storage import PARALLEL_HASH_BYTES, TaskStorage, safe_name, stored_task_ids
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -93,7 +93,9 @@ def test_a_taken_name_gets_a_suffix_and_the_first_file_is_kept(home: Path) -> No
 def test_stored_files_are_readable_and_complete(home: Path) -> None:
     storage = TaskStorage(home, "t1")
     data = os.urandom(3 * 1024 * 1024)
+    assert len(data) >= PARALLEL_HASH_BYTES  # hashed in a thread while written
     stored = storage.write("big", "bin", data)
+    assert stored.sha256 == hashlib.sha256(data).hexdigest()
     assert stat.S_IMODE(stored.host_path.stat().st_mode) == 0o644
     assert stored.host_path.stat().st_size == len(data)
     assert stored.host_path.stat().st_nlink == 1  # the temp link is gone

@@ -437,16 +437,18 @@ class Task(_ClosedOnExit):
                 data = text.encode("utf-8")
                 offload = replace(offload, tokens=total(self.harness.counter, text))
         shape = profile(data, text)
-        digest = hashlib.sha256(data).hexdigest()
-        # The same bytes again (a tool repeating itself, a script printing an artifact
-        # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
-        same = catalog.identical(self.id, digest, len(data))
-        if same is not None:
-            stored = StoredFile(same.name, self.storage.offload / same.name, digest, len(data))
-        else:
-            self._make_room(len(data))
-            stem = safe_name(result.call_id)
-            stored = backend.put(self.storage, stem, shape.extension, data, digest)
+        # The host writes the payload into the task's storage, never through the sandbox.
+        with self.storage.stage(data) as staged:
+            # The same bytes again (a tool repeating itself, a script printing an artifact
+            # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
+            same = catalog.identical(self.id, staged.sha256, len(data))
+            if same is not None:
+                stored = StoredFile(
+                    same.name, self.storage.offload / same.name, staged.sha256, len(data)
+                )
+            else:
+                self._make_room(len(data))
+                stored = staged.publish(safe_name(result.call_id), shape.extension)
         artifact = Artifact(
             id=stored.name.rsplit(".", 1)[0],
             task_id=self.id,

@@ -54,12 +54,6 @@ class SandboxBackend(ABC):
         """Start the task's sandbox in the background, so the first script need not wait."""
         return None  # a backend without a sandbox has nothing to start
 
-    def put(
-        self, storage: TaskStorage, stem: str, extension: str, data: bytes, sha256: str
-    ) -> StoredFile:
-        """Store a payload; the host writes into the task's storage, never through the sandbox."""
-        return storage.write(stem, extension, data, sha256)
-
     @abstractmethod
     def visible_path(self, stored: StoredFile) -> str:
         """The payload's path as the model (and its scripts) see it."""

@@ -19,6 +19,9 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +59,33 @@ def _encode_id(ident: str) -> bytes:
     return ident.encode("utf-8", "surrogatepass")
 
 
+PARALLEL_HASH_BYTES = 1024 * 1024
+"""From this size the digest is computed in a thread while the bytes are written: both
+release the GIL, and the two overlap on a second core."""
+
+
+def _write_and_hash(fd: int, data: bytes) -> str:
+    """Write data to fd (closing it, mode 0644) and return its sha256."""
+    digests: list[str] = []
+
+    def digest() -> None:
+        digests.append(hashlib.sha256(data).hexdigest())
+
+    hasher = threading.Thread(target=digest) if len(data) >= PARALLEL_HASH_BYTES else None
+    if hasher is not None:
+        hasher.start()
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o644)
+            out.write(data)
+    finally:
+        if hasher is not None:
+            hasher.join()
+    if hasher is None:
+        digest()
+    return digests[0]
+
+
 @dataclass(frozen=True)
 class StoredFile:
     """A payload file now visible in the task's offload folder."""
@@ -65,6 +95,30 @@ class StoredFile:
     host_path: Path
     sha256: str
     bytes: int
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A payload complete in incoming/ and hashed, not yet visible in offload/."""
+
+    storage: TaskStorage
+    temp: str
+    sha256: str
+    bytes: int
+
+    def publish(self, stem: str, extension: str) -> StoredFile:
+        """Link the payload into offload/ as <stem>.<ext>, or <stem>-2.<ext>... if taken."""
+        storage = self.storage
+        n = 1
+        with storage.errors(f"payload {stem!r}"):
+            while True:
+                name = f"{stem}.{extension}" if n == 1 else f"{stem}-{n}.{extension}"
+                try:
+                    os.link(self.temp, storage.offload / name)
+                    break
+                except FileExistsError:
+                    n += 1
+        return StoredFile(name, storage.offload / name, self.sha256, self.bytes)
 
 
 class TaskStorage:
@@ -99,43 +153,40 @@ class TaskStorage:
                 "check --home / SPILLBOX_HOME points to a writable folder"
             ) from e
 
-    def write(
-        self, stem: str, extension: str, data: bytes, sha256: str | None = None
-    ) -> StoredFile:
-        """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken.
+    def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
+        """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken."""
+        with self.stage(data) as staged:
+            return staged.publish(stem, extension)
 
-        The bytes go to a temp file first and are linked into place only when complete,
-        so a reader (or a crash) never sees half a payload, and an existing file is never
-        replaced. sha256, if the caller has it already, saves hashing the data again.
+    @contextmanager
+    def stage(self, data: bytes) -> Iterator[Staged]:
+        """Write data to a temp file in incoming/ and hash it; publish() makes it visible.
+
+        A reader (or a crash) never sees half a payload, and an existing file is never
+        replaced. What is not published is gone when the block ends.
         """
         if not self.incoming.is_dir():
             self.ensure()
-        digest = sha256 or hashlib.sha256(data).hexdigest()
-        try:
+        what = f"a payload of {len(data)} bytes"
+        with self.errors(what):
             fd, tmp = tempfile.mkstemp(dir=self.incoming, prefix="payload-")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                os.chmod(tmp, 0o644)
-                name = self._link_unique(tmp, stem, extension)
-            finally:
-                os.unlink(tmp)
+        try:
+            with self.errors(what):
+                digest = _write_and_hash(fd, data)
+            yield Staged(self, tmp, digest, len(data))
+        finally:
+            os.unlink(tmp)
+
+    @contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        """OSErrors while storing what: one line that says what to do."""
+        try:
+            yield
         except OSError as e:
             raise StorageError(
-                f"cannot store payload {stem!r} in {self.offload}: {e.strerror}; "
+                f"cannot store {what} in {self.offload}: {e.strerror}; "
                 "free disk space or choose another --home"
             ) from e
-        return StoredFile(name=name, host_path=self.offload / name, sha256=digest, bytes=len(data))
-
-    def _link_unique(self, tmp: str, stem: str, extension: str) -> str:
-        n = 1
-        while True:
-            name = f"{stem}.{extension}" if n == 1 else f"{stem}-{n}.{extension}"
-            try:
-                os.link(tmp, self.offload / name)
-                return name
-            except FileExistsError:
-                n += 1
 
     def read(self, name: str) -> bytes:
         """The bytes of offload/<name>; refuses names that are not plain files there."""
