@@ -5,7 +5,7 @@ Layout under the spillbox home:
     tasks/<task>/offload/<artifact>.<ext>   payloads, byte for byte (read-only in the sandbox)
     tasks/<task>/work/                      scratch for scripts (writable in the sandbox)
     tasks/<task>/cache/                     derived copies (query engine tables)
-    tasks/<task>/.incoming/                 temp files; renamed into offload/ when complete
+    tasks/<task>/.incoming/                 temp files; linked into offload/ when complete
 
 Any id is safe: names are derived so that no id (long, with slashes, '..', unicode) can
 leave the task's folder or exceed a filename limit.
