@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox.config import Policy
-from spillbox.gate import Decision, Offload, ToolResult, admit
+from spillbox.gate import WITHHELD, Decision, Offload, ToolResult, admit
 from spillbox.tokens import TokenCount, TokenCounter, default_counter
 
 
@@ -55,34 +55,63 @@ def check_invariants(
             assert decision.reason == "per_call"
             continue
         sizes[i] = size
+        assert decision.tokens == TokenCount(size, exact=True)
         if decision.reason is None:
             assert decision.text == text
-            assert decision.tokens == TokenCount(size, exact=True)
+        elif decision.reason == "withheld":
+            assert decision.text == WITHHELD.format(limit=policy.aggregate_tokens)
+            assert decision.artifact is None
         else:
             assert decision.reason == "aggregate"
-            assert decision.tokens == TokenCount(size, exact=True)
 
     # No inline result is over the per-call threshold.
     assert all(d.inline_tokens <= policy.per_call_tokens for d in decisions if d.reason is None)
 
     # The aggregate rule offloads a prefix of its candidates (results larger than any
-    # notice can be): non-errors before errors, largest first, ties by call order; the
-    # shortest prefix that fits, or all of them if none does. Others never go.
-    candidates = [
-        i for i in sizes if sizes[i] > policy.notice_max_tokens and results[i].offloadable
-    ]
-    assert all(decisions[i].reason is None for i in sizes if i not in candidates)
-    order = sorted(candidates, key=lambda i: (results[i].is_error, -sizes[i], i))
-    offloaded = {i for i in candidates if decisions[i].reason == "aggregate"}
-    k = len(offloaded)
-    assert offloaded == set(order[:k])
+    # notice can be), then withholds a prefix of the results it may not offload (larger
+    # than a notice and than the withheld line): each list non-errors before errors,
+    # largest first, ties by call order; the shortest prefix that fits, or all of them
+    # if none does. Others never go.
+    withheld_tokens = counter.count(WITHHELD.format(limit=policy.aggregate_tokens))
+    offload_order = candidates(results, sizes, policy, offloadable=True, above=0)
+    withhold_order = candidates(results, sizes, policy, offloadable=False, above=withheld_tokens)
+    gone = {"aggregate": offload_order, "withheld": withhold_order}
+    assert all(decisions[i].reason is None for i in sizes if i not in sum(gone.values(), []))
     inline_total = sum(d.inline_tokens for d in decisions)
-    if k < len(order):
-        assert inline_total <= policy.aggregate_tokens
-    if k:
-        last = order[k - 1]
-        before_last = inline_total - decisions[last].inline_tokens + sizes[last]
-        assert before_last > policy.aggregate_tokens
+    # The step's total when the offloading ended: before any result was withheld.
+    after_phase = {
+        "aggregate": inline_total + sum(sizes[i] - withheld_tokens for i in withhold_order
+                                        if decisions[i].reason == "withheld"),
+        "withheld": inline_total,
+    }  # fmt: skip
+    cut = {}
+    for reason, order in gone.items():
+        taken = {i for i in order if decisions[i].reason == reason}
+        cut[reason] = k = len(taken)
+        assert taken == set(order[:k])
+        if k < len(order):
+            assert inline_total <= policy.aggregate_tokens
+        if k:
+            last = order[k - 1]
+            before_last = after_phase[reason] - decisions[last].inline_tokens + sizes[last]
+            assert before_last > policy.aggregate_tokens
+    if cut["withheld"]:  # withholding starts only once every offload candidate went
+        assert cut["aggregate"] == len(offload_order)
+
+
+def candidates(
+    results: Sequence[ToolResult],
+    sizes: dict[int, int],
+    policy: Policy,
+    offloadable: bool,
+    above: int,
+) -> list[int]:
+    chosen = [
+        i
+        for i in sizes
+        if results[i].offloadable == offloadable and sizes[i] > max(policy.notice_max_tokens, above)
+    ]
+    return sorted(chosen, key=lambda i: (results[i].is_error, -sizes[i], i))
 
 
 def test_empty_step() -> None:
@@ -173,6 +202,25 @@ def test_results_no_larger_than_a_notice_stay_inline() -> None:
     check_invariants(results, decisions, policy, default_counter())
 
 
+def test_pages_that_fill_a_step_are_withheld_after_every_offload() -> None:
+    # Pages read back from an artifact may not be offloaded (that would loop); three of
+    # them are over the step's limit, so the largest is withheld, after the offloadable
+    # result went, and the step fits.
+    results = [
+        ToolResult("page1", "read_artifact", words(4_000), offloadable=False),
+        ToolResult("other", "t", words(3_000)),
+        ToolResult("page2", "read_artifact", words(4_500), offloadable=False),
+        ToolResult("page3", "read_artifact", words(3_500), offloadable=False),
+    ]
+    decisions, store = gate(results, Policy())
+    assert [d.reason for d in decisions] == [None, "aggregate", "withheld", None]
+    assert [o.result.call_id for o in store.calls] == ["other"]
+    assert decisions[2].text.startswith("[spillbox] result withheld: ")
+    assert "10000-token limit" in decisions[2].text
+    assert sum(d.inline_tokens for d in decisions) <= 10_000
+    check_invariants(results, decisions, Policy(), default_counter())
+
+
 @pytest.mark.parametrize(
     "content",
     [b"\x89PNG\r\n\x1a\n\x00\x00", b"valid \xff\xfe invalid", "lone surrogate \udc80"],
@@ -200,12 +248,17 @@ contents = st.one_of(
     st.binary(max_size=20).filter(lambda b: b[:1] == b"\xff"),
     st.text(max_size=200),
 )
-steps = st.lists(st.tuples(contents, st.booleans()), max_size=8).map(
+steps = st.lists(st.tuples(contents, st.booleans(), st.booleans()), max_size=8).map(
     lambda items: [
-        ToolResult(f"c{i}", "tool", content, is_error=is_error)
-        for i, (content, is_error) in enumerate(items)
+        ToolResult(f"c{i}", "tool", content, is_error=is_error, offloadable=offloadable)
+        for i, (content, is_error, offloadable) in enumerate(items)
     ]
 )
+
+
+# Step contents stay under 150 tokens (fast examples), so the notice bound is drawn small
+# too: with the default 400 no result here could ever be offloaded by the aggregate rule.
+notice_bounds = st.integers(min_value=1, max_value=60)
 
 
 @settings(max_examples=200, deadline=None)
@@ -213,19 +266,22 @@ steps = st.lists(st.tuples(contents, st.booleans()), max_size=8).map(
     results=steps,
     per_call=st.integers(min_value=1, max_value=150),
     aggregate=st.integers(min_value=1, max_value=500),
+    notice_max=notice_bounds,
 )
 def test_gate_invariants_hold_for_any_step(
-    results: list[ToolResult], per_call: int, aggregate: int
+    results: list[ToolResult], per_call: int, aggregate: int, notice_max: int
 ) -> None:
-    policy = Policy(per_call_tokens=per_call, aggregate_tokens=aggregate)
+    policy = Policy(
+        per_call_tokens=per_call, aggregate_tokens=aggregate, notice_max_tokens=notice_max
+    )
     decisions, _ = gate(results, policy)
     check_invariants(results, decisions, policy, default_counter())
 
 
 @settings(max_examples=150, deadline=None)
-@given(results=steps, fraction=st.floats(min_value=0.05, max_value=1.1))
+@given(results=steps, fraction=st.floats(min_value=0.05, max_value=1.1), notice_max=notice_bounds)
 def test_gate_invariants_hold_when_the_aggregate_cuts_into_the_step(
-    results: list[ToolResult], fraction: float
+    results: list[ToolResult], fraction: float, notice_max: int
 ) -> None:
     # An aggregate threshold as a fraction of the step's size: mostly partial offloads.
     counter = default_counter()
@@ -233,6 +289,7 @@ def test_gate_invariants_hold_when_the_aggregate_cuts_into_the_step(
     policy = Policy(
         per_call_tokens=150,
         aggregate_tokens=max(1, int(fraction * sum(counter.count(t) for t in texts))),
+        notice_max_tokens=notice_max,
     )
     decisions, _ = gate(results, policy)
     check_invariants(results, decisions, policy, counter)

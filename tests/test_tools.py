@@ -313,6 +313,37 @@ def test_a_cursor_continues_where_the_page_ended(harness: Harness) -> None:
     assert big_text().startswith(first["text"] + second["text"])
 
 
+def test_pages_read_in_one_step_are_held_to_the_aggregate_and_a_withheld_one_reads_again(
+    home: Path,
+) -> None:
+    records = [{"id": i, "body": "word " * 40} for i in range(2_000)]
+    with open_harness(home, per_call=6_000) as harness, harness.task("many") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", json.dumps(records))
+        calls: list[dict[str, Any]] = [{"artifact_id": "c1"}]
+        for _ in range(2):
+            page = json.loads(toolset.call("read_artifact", calls[-1]).text)
+            calls.append({"artifact_id": "c1", "cursor": page["next_cursor"]})
+
+        def step(arguments: list[dict[str, Any]]) -> list[Admitted]:
+            outputs = [toolset.call("read_artifact", args) for args in arguments]
+            return task.admit(
+                [
+                    ToolResult(f"r{i}", "read_artifact", out.text, offloadable=out.offloadable)
+                    for i, out in enumerate(outputs)
+                ]
+            )
+
+        together = step(calls)
+        assert sum(item.inline_tokens for item in together) <= 10_000
+        withheld = [i for i, item in enumerate(together) if item.reason == "withheld"]
+        assert withheld and not any(item.offloaded for item in together)
+        for i in withheld:
+            [again] = step([calls[i]])  # alone, in a later step: the same page, whole
+            assert again.reason is None
+            assert again.text == toolset.call("read_artifact", calls[i]).text
+
+
 def test_a_tampered_cursor_is_refused(harness: Harness) -> None:
     with harness.task("cur") as task:
         toolset = Toolset(task)

@@ -9,6 +9,10 @@ Rules, in order:
    fits. Error results go only after every non-error result; ties go by call order,
    so the same step always gives the same decisions. Results no larger than a notice
    may be (notice_max_tokens) stay: offloading them would not shrink the total.
+4. Results the aggregate rule may not offload (pages read back from an artifact) can
+   still fill a step: if it is over after rule 3, the largest of them are withheld
+   ("withheld"), in the same order, until it fits. The model gets one line saying to
+   repeat the call in a later step; nothing is lost, a page can always be read again.
 """
 
 from __future__ import annotations
@@ -20,7 +24,13 @@ from typing import Literal
 from spillbox.config import Policy
 from spillbox.tokens import TokenCount, TokenCounter, count_within, total
 
-Reason = Literal["per_call", "aggregate", "binary", "compaction"]
+Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld"]
+
+WITHHELD = (
+    "[spillbox] result withheld: this step's results are over the {limit}-token limit "
+    "for one step. Nothing is lost: repeat this call, with the same arguments, in a "
+    "later step."
+)
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,8 @@ class ToolResult:
     content: str | bytes
     is_error: bool = False
     offloadable: bool = True
-    """False keeps the result out of the aggregate rule (a page read back from an
-    artifact: already bounded, and offloading it would loop); per_call still applies."""
+    """False: the aggregate rule withholds the result instead of offloading it (a page
+    read back from an artifact: already bounded, and offloading it would loop)."""
 
     def payload(self) -> tuple[bytes, str | None]:
         """The bytes to store, and the text they are (None if not valid UTF-8).
@@ -117,17 +127,32 @@ def admit(
         offloaded = sum(d.inline_tokens for d in decisions if d is not None)
         return offloaded + sum(tokens for _, tokens in inline.values())
 
-    # Largest first, non-errors before errors, ties by call order. A result no larger
-    # than a notice can be is left inline: offloading it would not shrink the total.
-    candidates = [
-        i for i in inline if results[i].offloadable and inline[i][1] > policy.notice_max_tokens
-    ]
-    order = sorted(candidates, key=lambda i: (results[i].is_error, -inline[i][1], i))
-    for i in order:
+    def largest_first(offloadable: bool) -> list[int]:
+        # Non-errors before errors, ties by call order. A result no larger than a notice
+        # can be is left inline: replacing it would not shrink the total.
+        candidates = [
+            i
+            for i in inline
+            if results[i].offloadable == offloadable and inline[i][1] > policy.notice_max_tokens
+        ]
+        return sorted(candidates, key=lambda i: (results[i].is_error, -inline[i][1], i))
+
+    for i in largest_first(offloadable=True):
         if inline_total() <= policy.aggregate_tokens:
             break
         _, exact = inline.pop(i)
         store(i, "aggregate", TokenCount(exact, exact=True))
+
+    withheld = WITHHELD.format(limit=policy.aggregate_tokens)
+    for i in largest_first(offloadable=False):
+        if inline_total() <= policy.aggregate_tokens:
+            break
+        withheld_tokens = counter.count(withheld)  # only ever counted for an over-full step
+        _, exact = inline[i]
+        if exact > withheld_tokens:
+            del inline[i]
+            tokens = TokenCount(exact, exact=True)
+            decisions[i] = Decision(results[i], withheld, withheld_tokens, tokens, "withheld", None)
 
     for i, (text, exact) in inline.items():
         decisions[i] = Decision(results[i], text, exact, TokenCount(exact, exact=True), None, None)

@@ -256,7 +256,7 @@ class Task(_ClosedOnExit):
                 call_id=d.result.call_id,
                 tool=d.result.tool,
                 text=d.text,
-                offloaded=d.reason is not None,
+                offloaded=d.artifact is not None,
                 reason=d.reason,
                 tokens=d.tokens.tokens if d.tokens else None,
                 tokens_exact=d.tokens.exact if d.tokens else None,
