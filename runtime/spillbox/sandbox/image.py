@@ -65,11 +65,16 @@ _OFFLINE_HINT = "or make python:3.11-slim available and build with base='registr
 
 
 def images_dir() -> Path:
-    """The sandbox_images/ folder: $SPILLBOX_IMAGES_DIR, else the one beside runtime/."""
+    """The sandbox_images/ folder: $SPILLBOX_IMAGES_DIR; else the copy an installed wheel
+    carries (spillbox/sandbox_images); else, in a checkout, the one beside runtime/."""
     configured = os.environ.get("SPILLBOX_IMAGES_DIR")
-    path = (
-        Path(configured) if configured else Path(__file__).resolve().parents[3] / "sandbox_images"
-    )
+    package = Path(__file__).resolve().parents[1]
+    if configured:
+        path = Path(configured)
+    elif (package / "sandbox_images").is_dir():
+        path = package / "sandbox_images"
+    else:
+        path = package.parents[1] / "sandbox_images"
     if not (path / "sandbox" / "Dockerfile").is_file():
         raise ConfigError(
             f"sandbox image files not found in {path}: "
