@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -253,6 +255,64 @@ def test_quota_by_bytes_evicts_as_many_as_needed(harness: Harness) -> None:
     offload(task, "big", big)
     assert live_ids(task) == ["c3", "big"]
     assert sum(r.bytes for r in task.artifacts()) <= 3 * size + 10
+
+
+_FILLER = """
+import json, sys, time
+from pathlib import Path
+from spillbox import Harness, Policy, RetentionError, ToolResult
+from spillbox.harness import Task
+from spillbox.retention import Retention
+
+decide = Task._make_room
+def decide_slowly(self, size):
+    decide(self, size)
+    time.sleep(0.003)  # widens the race between the quota decision and its record
+Task._make_room = decide_slowly
+name, mode = sys.argv[2], sys.argv[3]
+retention = Retention(max_artifacts=5, on_quota=mode)
+with Harness(sandbox="none", home=Path(sys.argv[1]), gc_interval=-1,
+             policy=Policy(per_call_tokens=50)) as harness:
+    task = harness.task("shared", retention=retention)
+    print("ready", flush=True)
+    sys.stdin.readline()  # start together
+    for i in range(40):
+        rows = [{"id": j, "by": name, "n": i} for j in range(40)]
+        try:
+            task.admit([ToolResult(call_id=f"{name}-{i}", tool="t", content=json.dumps(rows))])
+        except RetentionError:
+            pass
+"""
+
+
+@pytest.mark.parametrize("mode", ["evict", "refuse"])
+def test_two_processes_filling_one_task_stay_within_its_quota(home: Path, mode: str) -> None:
+    fillers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FILLER, str(home), name, mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b", "c")
+    ]
+    for filler in fillers:  # each has opened the harness and the task
+        assert filler.stdout is not None and filler.stdout.readline() == "ready\n"
+    for filler in fillers:
+        assert filler.stdin is not None
+        filler.stdin.write("go\n")
+        filler.stdin.flush()
+    for filler in fillers:
+        _, err = filler.communicate(timeout=120)
+        assert filler.returncode == 0, err
+    with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
+        task = harness.existing("shared")
+        live = task.artifacts()
+        assert len(live) == 5
+        assert sorted(p.name for p in task.storage.offload.iterdir()) == sorted(
+            row.name for row in live
+        )
 
 
 def test_quota_refuse_stores_nothing(harness: Harness) -> None:

@@ -7,17 +7,15 @@ a harness starts, periodically while it runs, and as `spillbox gc [--dry-run]`.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spillbox.sandbox.storage import INCOMING_DIR, TASK_ID_FILE, TASKS_DIR, TaskStorage
+from spillbox.sandbox.storage import INCOMING_DIR, TASK_ID_FILE, TASKS_DIR, TaskStorage, exclusive
 
 if TYPE_CHECKING:
     from spillbox.harness import Harness
@@ -44,7 +42,8 @@ def collect(harness: Harness, dry_run: bool = False, grace: float = GRACE_SECOND
     catalog = harness.catalog
     removed: list[Removal] = []
     now = time.time()
-    with _exclusive(home):
+    # One collector at a time per home; a second one waits, then finds little to do.
+    with exclusive(home / LOCK_FILE):
         for row in catalog.expired(now):
             removed.append(Removal("artifact", row.task_id, row.artifact_id, "ttl"))
             if not dry_run:
@@ -134,15 +133,3 @@ def _unlink(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass  # another collector got there first
-
-
-@contextmanager
-def _exclusive(home: Path) -> Iterator[None]:
-    """One collector at a time per home; a second one waits, then finds little to do."""
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / LOCK_FILE, "a+b") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)

@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -30,7 +31,7 @@ from spillbox.notice import NoticeFacts, render
 from spillbox.profile import Shape, profile
 from spillbox.retention import Retention, redact
 from spillbox.sandbox import SandboxBackend, make_backend
-from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
+from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, safe_name
 from spillbox.tokens import TokenCount, TokenCounter, default_counter, total
 from spillbox.tools import tool_hints
 
@@ -427,6 +428,52 @@ class Task(_ClosedOnExit):
             "unpin some, or raise --max-bytes / --max-artifacts"
         )
 
+    def _publish(
+        self,
+        staged: Staged,
+        result: ToolResult,
+        shape: Shape,
+        tokens: TokenCount | None,
+        redactions: int,
+    ) -> StoredFile:
+        """Make room under the quota, make the payload visible and record it.
+
+        With a quota the three hold the task's lock, so that harness processes filling one
+        task at once cannot each find room for the same last slot.
+        """
+        policy = self.retention
+        quota = policy.max_bytes is not None or policy.max_artifacts is not None
+        with self.storage.locked() if quota else nullcontext():
+            self._make_room(staged.bytes)
+            stored = staged.publish(safe_name(result.call_id), shape.extension)
+            now = time.time()
+            row = ArtifactRow(
+                task_id=self.id,
+                artifact_id=stored.artifact_id,
+                call_id=result.call_id,
+                tool=result.tool,
+                name=stored.name,
+                path=self.harness.backend.visible_path(stored),
+                bytes=stored.bytes,
+                tokens=tokens.tokens if tokens else None,
+                tokens_exact=tokens.exact if tokens else None,
+                sha256=stored.sha256,
+                created_at=now,
+                last_access_at=now,
+                expires_at=None if policy.ttl is None else now + policy.ttl,
+                state="live",
+                pinned=False,
+                redactions=redactions,
+                deleted_at=None,
+                deleted_by=None,
+            )
+            try:
+                self.harness.catalog.add_artifact(row)
+            except BaseException:
+                self.storage.remove(stored.name)  # no payload without its row
+                raise
+        return stored
+
     def _offload(self, offload: Offload) -> tuple[Artifact, str, int]:
         backend, policy, catalog = self.harness.backend, self.harness.policy, self.harness.catalog
         result, data, text = offload.result, offload.data, offload.text
@@ -447,10 +494,9 @@ class Task(_ClosedOnExit):
                     same.name, self.storage.offload / same.name, staged.sha256, len(data)
                 )
             else:
-                self._make_room(len(data))
-                stored = staged.publish(safe_name(result.call_id), shape.extension)
+                stored = self._publish(staged, result, shape, offload.tokens, redactions)
         artifact = Artifact(
-            id=stored.name.rsplit(".", 1)[0],
+            id=stored.artifact_id,
             task_id=self.id,
             call_id=result.call_id,
             tool=result.tool,
@@ -462,31 +508,6 @@ class Task(_ClosedOnExit):
             shape=shape,
             tokens=offload.tokens,
         )
-        if same is None:
-            now = time.time()
-            ttl = self.retention.ttl
-            catalog.add_artifact(
-                ArtifactRow(
-                    task_id=self.id,
-                    artifact_id=artifact.id,
-                    call_id=result.call_id,
-                    tool=result.tool,
-                    name=artifact.name,
-                    path=artifact.path,
-                    bytes=artifact.bytes,
-                    tokens=offload.tokens.tokens if offload.tokens else None,
-                    tokens_exact=offload.tokens.exact if offload.tokens else None,
-                    sha256=artifact.sha256,
-                    created_at=now,
-                    last_access_at=now,
-                    expires_at=None if ttl is None else now + ttl,
-                    state="live",
-                    pinned=False,
-                    redactions=redactions,
-                    deleted_at=None,
-                    deleted_by=None,
-                )
-            )
         text = text or ""
         span = 2 * policy.preview_chars
         facts = NoticeFacts(

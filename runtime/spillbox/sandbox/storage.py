@@ -6,6 +6,7 @@ Layout under the spillbox home:
     tasks/<task>/work/                      scratch for scripts (writable in the sandbox)
     tasks/<task>/cache/                     derived copies (query engine tables)
     tasks/<task>/.incoming/                 temp files; linked into offload/ when complete
+    tasks/<task>/quota.lock                 held while a quota decision is made and recorded
 
 Any id is safe: names are derived so that no id (long, with slashes, '..', unicode) can
 leave the task's folder or exceed a filename limit.
@@ -13,6 +14,7 @@ leave the task's folder or exceed a filename limit.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -21,7 +23,7 @@ import stat
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +59,22 @@ def safe_name(ident: str) -> str:
 def _encode_id(ident: str) -> bytes:
     # surrogatepass: a str id may hold lone surrogates, and must not fail the offload.
     return ident.encode("utf-8", "surrogatepass")
+
+
+QUOTA_LOCK_FILE = "quota.lock"
+
+
+@contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on lock_file (created if missing): one holder at a time,
+    across processes and threads alike; another waits."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 PARALLEL_HASH_BYTES = 1024 * 1024
@@ -95,6 +113,10 @@ class StoredFile:
     host_path: Path
     sha256: str
     bytes: int
+
+    @property
+    def artifact_id(self) -> str:
+        return self.name.rsplit(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -152,6 +174,10 @@ class TaskStorage:
                 f"cannot create task storage at {self.root}: {e.strerror}; "
                 "check --home / SPILLBOX_HOME points to a writable folder"
             ) from e
+
+    def locked(self) -> AbstractContextManager[None]:
+        """The task's lock, for what must not interleave across processes (quota decisions)."""
+        return exclusive(self.root / QUOTA_LOCK_FILE)
 
     def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
         """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken."""
