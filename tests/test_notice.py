@@ -7,6 +7,7 @@ import unicodedata
 from dataclasses import replace
 
 import pytest
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -198,34 +199,39 @@ def test_cut_keeps_emoji_zwj_sequences_and_skin_tones_whole() -> None:
         assert not tail.startswith((ZWJ, "👩", "👧", "🏽"))
 
 
+def test_cut_keeps_flags_and_hangul_jamo_whole() -> None:
+    flags = "🇺🇸🇬🇧🇫🇷"  # three flags: six regional indicators, paired from the left
+    jamo = unicodedata.normalize("NFD", "한국어")  # three syllables, eight jamo
+    assert [cut_head(flags, n) for n in (1, 2, 3, 4)] == ["", "🇺🇸", "🇺🇸", "🇺🇸🇬🇧"]
+    assert [cut_tail(flags, n) for n in (1, 2, 3)] == ["", "🇫🇷", "🇫🇷"]
+    assert cut_head(jamo, 3) == unicodedata.normalize("NFD", "한")
+    assert cut_tail(jamo, 2) == unicodedata.normalize("NFD", "어")
+    assert cut_tail("x" + flags, 5) == "🇬🇧🇫🇷"
+
+
 clustered_text = st.text(
     alphabet=st.sampled_from(
-        ["a", "中", "😀", "👍", "🏽", "e", "\u0301", "\u0308", ZWJ, "\ufe0f", "\u0e31", " ", "\n"]
+        ["a", "中", "😀", "👍", "🏽", "e", "\u0301", "\u0308", ZWJ, "\ufe0f", "\u0e31", " ", "\n",
+         "\r", "🇺", "🇸", "\u1100", "\u1161", "\u11a8"]
     ),
     max_size=300,
-)
+)  # fmt: skip
 
 
-def _starts_inside_cluster(text: str, i: int) -> bool:
-    ch = text[i]
-    return (
-        unicodedata.category(ch)[0] == "M"
-        or ch == ZWJ
-        or text[i - 1] == ZWJ
-        or "\U0001f3fb" <= ch <= "\U0001f3ff"
-    )
+def _boundaries(text: str) -> set[int]:
+    """Where a cut may go: between the grapheme clusters Unicode (UAX #29) defines."""
+    return {m.start() for m in regex.finditer(r"\X", text)} | {len(text)}
 
 
 @settings(max_examples=300, deadline=None)
 @given(text=clustered_text, chars=st.integers(min_value=0, max_value=150))
-def test_cuts_are_bounded_affixes_at_cluster_boundaries(text: str, chars: int) -> None:
+def test_cuts_are_the_longest_bounded_affixes_at_cluster_boundaries(text: str, chars: int) -> None:
     head, tail = cut_head(text, chars), cut_tail(text, chars)
     assert text.startswith(head) and len(head) <= chars
     assert text.endswith(tail) and len(tail) <= chars
-    if 0 < len(head) < len(text):
-        assert not _starts_inside_cluster(text, len(head))
-    if 0 < len(tail) < len(text):
-        assert not _starts_inside_cluster(text, len(text) - len(tail))
+    cuts = _boundaries(text)
+    assert len(head) == max(c for c in cuts if c <= chars)
+    assert len(text) - len(tail) == min(c for c in cuts if c >= len(text) - chars)
 
 
 @settings(max_examples=100, deadline=None)

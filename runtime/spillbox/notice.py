@@ -23,9 +23,10 @@ so no payload can break a line or forge a field. Example:
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import regex
 
 from spillbox.profile import Shape
 from spillbox.tokens import TokenCount, TokenCounter
@@ -178,38 +179,40 @@ def describe(shape: Shape) -> str:
             return f"binary ({shape.mime or 'unknown type'})"
 
 
+_GRAPHEME = regex.compile(r"\X")
+"""One user-perceived character: a base with its marks, an emoji ZWJ sequence or skin
+tone, a flag (a pair of regional indicators), a Hangul syllable in jamo, CR LF."""
+
+
 def cut_head(text: str, chars: int) -> str:
-    """At most `chars` characters from the start, never splitting a combining sequence."""
-    end = min(chars, len(text))
-    while 0 < end < len(text) and _inside_cluster(text, end):
-        end -= 1
+    """At most `chars` characters from the start, never splitting a grapheme cluster."""
+    if len(text) <= chars:
+        return text
+    if text[: chars + 1].isascii():  # the common case, fast: only CR LF is a pair
+        return text[: chars - 1] if text[chars - 1 : chars + 1] == "\r\n" else text[:chars]
+    end = 0
+    for cluster in _GRAPHEME.finditer(text):
+        if cluster.end() > chars:
+            break
+        end = cluster.end()
     return text[:end]
 
 
 def cut_tail(text: str, chars: int) -> str:
-    """At most `chars` characters from the end, never starting inside a combining sequence."""
-    start = max(len(text) - chars, 0)
-    while 0 < start < len(text) and _inside_cluster(text, start):
-        start += 1
-    return text[start:]
+    """At most `chars` characters from the end, never starting inside a grapheme cluster.
 
-
-def _inside_cluster(text: str, i: int) -> bool:
-    """Whether a cut before text[i] would split what shows as one character."""
-    # Marks (combining accents, variation selectors, vowel signs: not all have a
-    # combining class), emoji skin tones and tag characters belong to the character
-    # before them; a zero-width joiner glues the characters on both sides (👩‍💻).
-    ch = text[i]
-    return (
-        unicodedata.category(ch)[0] == "M"
-        or ch == _ZWJ
-        or text[i - 1] == _ZWJ
-        or "\U0001f3fb" <= ch <= "\U0001f3ff"
-        or "\U000e0020" <= ch <= "\U000e007f"
-    )
-
-
-_ZWJ = "\u200d"
+    Clusters are found from the start of text (a flag's pairing depends on what precedes
+    it), so text should be a short window, as the previews are.
+    """
+    if len(text) <= chars:
+        return text
+    first = len(text) - chars
+    if text[first - 1 :].isascii():  # the common case, fast: only CR LF is a pair
+        return text[first + 1 :] if text[first - 1 : first + 1] == "\r\n" else text[first:]
+    for cluster in _GRAPHEME.finditer(text):
+        if cluster.start() >= first:
+            return text[cluster.start() :]
+    return ""
 
 
 def _one_line(value: str, max_chars: int) -> str:
