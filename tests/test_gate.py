@@ -223,8 +223,14 @@ def test_pages_that_fill_a_step_are_withheld_after_every_offload() -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [b"\x89PNG\r\n\x1a\n\x00\x00", b"valid \xff\xfe invalid", "lone surrogate \udc80"],
-    ids=["png", "invalid-utf8", "surrogate-str"],
+    [
+        b"\x89PNG\r\n\x1a\n\x00\x00",
+        b"valid \xff\xfe invalid",
+        "lone surrogate \udc80",
+        b"ustar-like header\x00\x00\x00 valid UTF-8 by chance",
+        "a str holding a NUL \x00",
+    ],
+    ids=["png", "invalid-utf8", "surrogate-str", "utf8-with-nul", "str-with-nul"],
 )
 def test_non_utf8_results_are_offloaded_as_binary_whatever_their_size(content: str | bytes) -> None:
     decisions, store = gate([ToolResult("c1", "t", content)], Policy())
@@ -239,6 +245,7 @@ def test_payload_of_str_and_bytes() -> None:
     assert ToolResult("c", "t", "héllo").payload() == ("héllo".encode(), "héllo")
     assert ToolResult("c", "t", "héllo".encode()).payload() == ("héllo".encode(), "héllo")
     assert ToolResult("c", "t", b"\xff").payload() == (b"\xff", None)
+    assert ToolResult("c", "t", "nul\x00").payload() == (b"nul\x00", None)
 
 
 contents = st.one_of(

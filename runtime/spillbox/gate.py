@@ -1,7 +1,7 @@
 """The gate: which results of one step stay in context and which are offloaded.
 
 Rules, in order:
-1. A result that is not UTF-8 text is offloaded ("binary").
+1. A result that is not text (not UTF-8, or holding a NUL) is offloaded ("binary").
 2. A result over the per-call threshold is offloaded ("per_call"); deciding this costs
    time bounded by the threshold (tokens.count_within), never a full count.
 3. If the step's inline total (notices included) is over the aggregate threshold, the
@@ -50,20 +50,25 @@ class ToolResult:
     read back from an artifact: already bounded, and offloading it would loop)."""
 
     def payload(self) -> tuple[bytes, str | None]:
-        """The bytes to store, and the text they are (None if not valid UTF-8).
+        """The bytes to store, and the text they are (None if they are not text).
 
-        A str is stored as its UTF-8 encoding; one with lone surrogates (not encodable)
-        keeps them via surrogatepass and is then handled as the non-UTF-8 bytes it is.
+        Text is valid UTF-8 without NUL: no JSON, CSV or log holds a raw NUL, while
+        binary formats (tar, NUL-padded headers) can be valid UTF-8 by chance, and a NUL
+        in context is refused by some model APIs. A str is stored as its UTF-8 encoding;
+        one with lone surrogates (not encodable) keeps them via surrogatepass and is then
+        handled as the non-UTF-8 bytes it is.
         """
         if isinstance(self.content, bytes):
             try:
-                return self.content, self.content.decode("utf-8")
+                data, text = self.content, self.content.decode("utf-8")
             except UnicodeDecodeError:
                 return self.content, None
-        try:
-            return self.content.encode("utf-8"), self.content
-        except UnicodeEncodeError:
-            return self.content.encode("utf-8", "surrogatepass"), None
+        else:
+            try:
+                data, text = self.content.encode("utf-8"), self.content
+            except UnicodeEncodeError:
+                return self.content.encode("utf-8", "surrogatepass"), None
+        return data, None if "\0" in text else text
 
 
 @dataclass(frozen=True)
