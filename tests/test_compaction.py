@@ -99,6 +99,15 @@ def test_compaction_is_idempotent_and_keeps_what_it_is_told(task: Task) -> None:
     assert small == chat_history()
 
 
+def test_min_tokens_is_exact_at_its_edge(task: Task) -> None:
+    history = chat_history(2)
+    size = task.harness.counter.count(history[-2]["content"])
+    stays = compact_history(task, history, keep_last=0, min_tokens=size + 1)
+    assert stays[-2] == history[-2]
+    moved = compact_history(task, history, keep_last=0, min_tokens=size)
+    assert parse_notice(moved[-2]["content"]) is not None
+
+
 def test_a_json_result_is_stored_byte_for_byte(task: Task) -> None:
     payload = json.dumps([{"id": i, "note": "x" * 50} for i in range(100)], indent=1)
     messages = [

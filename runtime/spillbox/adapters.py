@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from spillbox.gate import ToolResult
 from spillbox.notice import parse_notice
+from spillbox.tokens import count_within
 from spillbox.tools import Format, Toolset
 
 if TYPE_CHECKING:
@@ -175,7 +176,9 @@ def compact_history(
     names = _call_names(out)
     for holder, key, call_id in slots[: max(len(slots) - keep_last, 0)]:
         text = _text_of(holder[key])
-        if parse_notice(text) is not None or task.harness.counter.count(text) < min_tokens:
+        # "Under min_tokens?" costs time bounded by min_tokens, not by the result's size.
+        small, _ = count_within(task.harness.counter, text, min_tokens - 1)
+        if parse_notice(text) is not None or (min_tokens > 0 and small):
             continue
         admitted = task.offload(ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), text))
         holder[key] = _with_text(holder[key], admitted.text)
