@@ -100,12 +100,14 @@ def test_compaction_is_idempotent_and_keeps_what_it_is_told(task: Task) -> None:
 
 
 def test_min_tokens_is_exact_at_its_edge(task: Task) -> None:
-    history = chat_history(2)
-    size = task.harness.counter.count(history[-2]["content"])
+    history = chat_history(1)
+    assert history[3]["role"] == "tool"
+    size = task.harness.counter.count(history[3]["content"])
+    assert size > 1_000
     stays = compact_history(task, history, keep_last=0, min_tokens=size + 1)
-    assert stays[-2] == history[-2]
+    assert stays[3] == history[3]
     moved = compact_history(task, history, keep_last=0, min_tokens=size)
-    assert parse_notice(moved[-2]["content"]) is not None
+    assert parse_notice(moved[3]["content"]) is not None
 
 
 def test_a_json_result_is_stored_byte_for_byte(task: Task) -> None:
