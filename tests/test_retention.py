@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -536,24 +537,29 @@ def test_close_delete_true_removes_now(harness: Harness) -> None:
 
 
 def test_deleting_an_artifact_removes_payload_derived_copies_and_leaves_a_tombstone(
-    harness: Harness,
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr("spillbox.sandbox.storage.CLOCK_SLACK_SECONDS", 0.05)
     task = harness.task("t1", retention=Retention(export="allow"))
+    storage = task.storage
+    (storage.work / "earlier.txt").write_text("a script's output from before c1 existed")
+    time.sleep(0.2)  # beyond the clock slack: earlier.txt cannot hold c1
     row = offload(task, "c1")
     keep = offload(task, "c2")
     data = task.read("c1")
-    storage = task.storage
     (storage.cache / "c1.parquet").write_bytes(b"derived table")
     (storage.cache / "tables").mkdir()
     (storage.cache / "tables" / "c1.duckdb").write_bytes(b"derived")
     (storage.work / "nested").mkdir()
     (storage.work / "copy.json").write_bytes(data)
     (storage.work / "nested" / "again.json").write_bytes(data)
-    (storage.work / "mine.txt").write_text("a script's own output")
+    (storage.work / "converted.csv").write_text("id,tag\n0,c1\n")  # not a copy: a conversion
+    (storage.work / "old-copy.json").write_bytes(data)
+    os.utime(storage.work / "old-copy.json", (0, 0))  # a script cannot set back its ctime
     task.delete("c1", by="operator")
     assert offload_files(task) == ["c2.json"]
     assert list(storage.cache.iterdir()) == []
-    assert sorted(p.name for p in storage.work.rglob("*") if p.is_file()) == ["mine.txt"]
+    assert sorted(p.name for p in storage.work.rglob("*") if p.is_file()) == ["earlier.txt"]
     tomb = harness.catalog.find("t1", "c1")
     assert tomb is not None and tomb.state == "deleted" and tomb.deleted_by == "operator"
     assert tomb.sha256 == row.sha256 and tomb.bytes == row.bytes

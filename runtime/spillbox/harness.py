@@ -195,8 +195,7 @@ class Harness(_ClosedOnExit):
             return  # already deleted by someone else, or pinned in the meantime
         storage = self.backend.storage(row.task_id)
         storage.remove(row.name)
-        self.backend.forget_derived(storage)
-        storage.remove_copies(row.sha256, row.bytes)
+        self.backend.forget_derived(storage, row.sha256, row.bytes, since=row.created_at)
 
     def gc(self, dry_run: bool = False) -> list[gc.Removal]:
         """Remove what retention says must go, and anything orphaned; idempotent."""

@@ -229,11 +229,16 @@ def test_a_deleted_artifact_loses_its_derived_copies_and_a_query_names_the_tombs
     offload(task, "c2", prs(100, "other"))
     assert count_sql(task, "c1") == "200"
     assert count_sql(task, "c2") == "100"
-    copy = task.exec("sh", "cp /sandbox/offload/c1.json /sandbox/work/c1-copy.json && echo ok")
+    copy = task.exec(
+        "sh",
+        "cd /sandbox/offload && cp c1.json /sandbox/work/c1-copy.json && cp c1.json /tmp/ && "
+        "jq -c '.[]' c1.json > /sandbox/work/c1.ndjson && echo ok",
+    )
     assert copy.text.strip() == "ok", copy.stderr
     task.delete("c1", by="operator")
     assert sorted(p.name for p in task.storage.offload.iterdir()) == ["c2.json"]
-    assert not (task.storage.work / "c1-copy.json").exists()
+    assert list(task.storage.work.iterdir()) == []  # the copy and the conversion
+    assert task.exec("sh", "ls -A /tmp").text.strip() == ""
     derived = [p for p in task.storage.cache.rglob("*") if p.is_file()]
     assert not [p for p in derived if "c1" in p.name], derived
     gone = task.exec("sql", 'SELECT count(*) FROM "c1"')

@@ -82,9 +82,12 @@ class SandboxBackend(ABC):
         self.destroy_sandbox(storage)
         storage.destroy()
 
-    def forget_derived(self, storage: TaskStorage) -> None:
-        """Delete every derived copy of the task's payloads (rebuilt on demand)."""
+    def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
+        """Delete what may be derived from a payload created at `since` with these bytes:
+        every query-engine table of the task (rebuilt on demand from what is left), and
+        the files of work/ that may hold it (TaskStorage.remove_derived)."""
         storage.clear_cache()
+        storage.remove_derived(sha256, size, since)
 
     def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
         """Remove sandboxes of this home whose task is not in keep; what was (or would be)."""

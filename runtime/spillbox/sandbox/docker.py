@@ -39,7 +39,7 @@ from docker.types import LogConfig
 from spillbox.errors import ExecError, SandboxError
 from spillbox.sandbox.base import RawExec, SandboxBackend
 from spillbox.sandbox.image import ensure_image, image_tag
-from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
+from spillbox.sandbox.storage import CLOCK_SLACK_SECONDS, StoredFile, TaskStorage, safe_name
 
 SCRIPT_UID = 10001
 ENGINE_UID = 10002
@@ -484,18 +484,25 @@ class DockerBackend(SandboxBackend):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 container.remove(force=True, v=True)
 
-    def forget_derived(self, storage: TaskStorage) -> None:
-        """Stop every SQL engine of the task (any process's: they hold the tables open),
-        then delete the tables; the next query starts an engine that reloads what is left."""
+    def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
+        """Stop every SQL engine of the task (any process's: they hold the tables open) and
+        delete what scripts left in the container's /tmp since the payload was created,
+        then what the host holds; the next query starts an engine that reloads what is left."""
         with self._lock:
             engine = self._engines.pop(storage.task_id, None)
         if engine is not None:
             engine.close()
-        with docker_errors("stopping the SQL engine"):
+        since_whole = int(since - CLOCK_SLACK_SECONDS)
+        with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 if container.status == "running":
                     _kill_engines(container)
-        super().forget_derived(storage)
+                    container.exec_run(
+                        ["find", "/tmp", "-xdev", "-mindepth", "1", "-newerct",
+                         f"@{since_whole}", "-delete"],
+                        user=f"{SCRIPT_UID}:{SANDBOX_GID}",
+                    )  # fmt: skip
+        super().forget_derived(storage, sha256, size, since)
 
     def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
         removed = []

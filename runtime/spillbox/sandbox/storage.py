@@ -62,6 +62,9 @@ def _encode_id(ident: str) -> bytes:
 
 
 QUOTA_LOCK_FILE = "quota.lock"
+CLOCK_SLACK_SECONDS = 1.0
+"""File times come from the kernel's coarse clock, a few ms behind time.time(): a file
+written just after a payload was recorded may carry a time just before it."""
 
 
 @contextmanager
@@ -227,24 +230,33 @@ class TaskStorage:
         if "/" not in name and (path.is_file() or path.is_symlink()):
             path.unlink()
 
-    def remove_copies(self, sha256: str, size: int) -> int:
-        """Delete regular files in work/ with exactly these bytes: copies a script made.
+    def remove_derived(self, sha256: str, size: int, since: float) -> int:
+        """Delete the regular files in work/ that may hold a payload: exact copies of its
+        bytes, and every file changed since `since` (its creation, less CLOCK_SLACK_SECONDS),
+        for a script may have converted it (Parquet, CSV, an extract) and nothing tells
+        which payload a script read. Scratch a script wrote meanwhile goes too: deletion
+        errs on the side of deleting.
 
-        work/ is writable by hostile code, which may swap a folder for a symlink at any
-        moment: every step goes through file descriptors of folders already opened
-        (os.fwalk without following links), so nothing outside work/ is read or deleted.
+        The change time (ctime) is used, which no script can set back. work/ is writable
+        by hostile code, which may swap a folder for a symlink at any moment: every step
+        goes through file descriptors of folders already opened (os.fwalk without following
+        links), so nothing outside work/ is read or deleted.
         """
         removed = 0
         if not self.work.is_dir():
             return removed
+        since -= CLOCK_SLACK_SECONDS
         for _, _, files, folder in os.fwalk(self.work, follow_symlinks=False):
             for name in files:
                 try:
-                    if _is_copy(name, folder, sha256, size):
+                    info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                    if not stat.S_ISREG(info.st_mode):
+                        continue
+                    if info.st_ctime >= since or _is_copy(name, folder, info, sha256, size):
                         os.unlink(name, dir_fd=folder)
                         removed += 1
                 except OSError:
-                    continue  # changed under us: it is not a copy we can prove
+                    continue  # changed or gone under us
         return removed
 
     def clear_cache(self) -> None:
@@ -277,10 +289,9 @@ class TaskStorage:
             shutil.rmtree(self.root)
 
 
-def _is_copy(name: str, folder: int, sha256: str, size: int) -> bool:
-    """Whether folder/name is a regular file (not a link) holding exactly these bytes."""
-    info = os.stat(name, dir_fd=folder, follow_symlinks=False)
-    if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+def _is_copy(name: str, folder: int, info: os.stat_result, sha256: str, size: int) -> bool:
+    """Whether folder/name, a regular file as info found it, holds exactly these bytes."""
+    if info.st_size != size:
         return False
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     with os.fdopen(fd, "rb") as f:
