@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spillbox import Harness, Task, parse_notice
+from spillbox import Harness, Task, ToolResult, parse_notice
 from spillbox.adapters import add_tools, gate_anthropic, gate_chat_completions, gate_responses
 from spillbox.tokens import default_counter
 from spillbox.tools import Toolset
@@ -236,6 +236,39 @@ def test_parallel_results_count_as_one_aggregate(task: Task, shape: str) -> None
     # Deterministic: the same step again gives the same decisions.
     again = gate_step(task, shape, step_in(shape, contents))
     assert [parse_notice(t) is None for t in again] == [parse_notice(t) is None for t in out]
+
+
+@pytest.mark.parametrize("shape", ["chat", "responses", "anthropic"])
+def test_pages_of_read_artifact_are_withheld_not_offloaded(task: Task, shape: str) -> None:
+    # Three pages read back in one step: over the aggregate, but offloading a page would
+    # loop, so the largest are withheld (the call is repeated later) and none is stored.
+    toolset = Toolset(task)
+    [admitted] = task.admit([ToolResult("big", "t", BIG * 3)])
+    assert admitted.offloaded
+    calls: list[dict[str, Any]] = [{"artifact_id": "big"}]
+    for _ in range(2):
+        page = json.loads(toolset.call("read_artifact", calls[-1]).text)
+        calls.append({"artifact_id": "big", "cursor": page["next_cursor"]})
+    pages = [toolset.call("read_artifact", args).text for args in calls]
+    ids = [f"c{i}" for i in range(3)]  # as step_in names them
+    step = step_in(shape, pages)
+    before = len(task.artifacts())
+    if shape == "chat":
+        tool_calls = [{"id": i, "function": {"name": "read_artifact"}} for i in ids]
+        out = [m["content"] for m in gate_chat_completions(task, step, tool_calls)]
+    elif shape == "responses":
+        calls_items = [
+            {"type": "function_call", "call_id": i, "name": "read_artifact"} for i in ids
+        ]
+        gated = gate_responses(task, [*calls_items, *step])
+        out = [i["output"] for i in gated if i["type"] == "function_call_output"]
+    else:
+        uses = [{"type": "tool_use", "id": i, "name": "read_artifact"} for i in ids]
+        out = [b["content"] for b in gate_anthropic(task, step, uses)["content"]]
+    assert len(task.artifacts()) == before  # no page became an artifact
+    withheld = [text for text in out if text.startswith("[spillbox] result withheld")]
+    assert withheld and all(text in pages or text in withheld for text in out)
+    assert sum(COUNTER.count(text) for text in out) <= 10_000
 
 
 def test_two_steps_are_two_aggregates(task: Task) -> None:

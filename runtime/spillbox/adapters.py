@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from spillbox.gate import ToolResult
 from spillbox.notice import parse_notice
 from spillbox.tokens import count_within
-from spillbox.tools import Format, Toolset
+from spillbox.tools import READ_ARTIFACT, Format, Toolset
 
 if TYPE_CHECKING:
     from spillbox.harness import Task
@@ -48,19 +48,16 @@ def _gate_slots(
 ) -> None:
     """Gate one step's results in place: each slot is (holder, key, call id, is_error).
 
-    Only offloaded results change; a result left inline is not rewritten.
+    Only offloaded or withheld results change; a result left inline is not rewritten.
+    Pages of spillbox's own read_artifact are never offloaded again (that would loop).
     """
-    results = [
-        ToolResult(
-            call_id=call_id,
-            tool=names.get(call_id, DEFAULT_TOOL_NAME),
-            content=_text_of(holder.get(key, "")),
-            is_error=is_error,
-        )
-        for holder, key, call_id, is_error in slots
-    ]
+    results = []
+    for holder, key, call_id, is_error in slots:
+        tool = names.get(call_id, DEFAULT_TOOL_NAME)
+        content = _text_of(holder.get(key, ""))
+        results.append(ToolResult(call_id, tool, content, is_error, tool != READ_ARTIFACT))
     for (holder, key, _, _), admitted in zip(slots, task.admit(results), strict=True):
-        if admitted.offloaded:
+        if admitted.reason is not None:
             holder[key] = _with_text(holder.get(key, ""), admitted.text)
 
 
@@ -141,7 +138,7 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
 def _with_text(content: Any, text: str) -> Any:
     """content with its text replaced by text (a notice); non-text parts (images) stay.
 
-    A result left inline is never rewritten: only offloaded ones come here.
+    A result left inline is never rewritten: only offloaded or withheld ones come here.
     """
     parts = _parts(content)
     others = [dict(p) for p in parts if p.get("type") not in _TEXT_PARTS]
