@@ -580,3 +580,23 @@ def test_a_detached_child_of_a_finished_script_does_not_outlive_the_exec(task: T
     result = task.exec("sh", "nohup sleep 300 >/dev/null 2>&1 & echo started", timeout=2)
     assert (result.exit_code, result.text.strip()) == (0, "started")
     assert script_leftovers(task) == []
+
+
+IMPERSONATOR = """
+import subprocess
+# Two processes leave the script's group with setsid; one names itself like the runner, so
+# that a sweep that counts running scripts by their command line thinks one still runs.
+for argv0, seconds in (("/opt/spillbox/run.sh", "300"), ("sleep", "301")):
+    subprocess.Popen(
+        ["python3", "-c", f"import os; os.execv('/bin/sleep', [{argv0!r}, {seconds!r}])"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+print("spawned")
+"""
+
+
+def test_a_process_posing_as_the_runner_does_not_escape_the_sweep(task: Task) -> None:
+    result = task.exec("python", IMPERSONATOR, timeout=10)
+    assert (result.exit_code, result.text.strip()) == (0, "spawned"), result.stderr
+    assert script_leftovers(task) == []

@@ -36,7 +36,9 @@ group=$!
 wait "$group"
 status=$?
 kill -KILL -- "-$group" 2>/dev/null
-if [ "$(pgrep -c -u 10001 -f /opt/spillbox/run.sh)" -le 1 ]; then
+# Another script runs if another process of the uid was entered from outside (docker exec):
+# those, and only those, have parent 0, which no process inside can fake; a name can be.
+if [ "$(pgrep -c -P 0 -u 10001)" -le 1 ]; then
     kill -KILL -1 2>/dev/null
 fi
 read_oom
