@@ -22,6 +22,7 @@ import pytest
 from spillbox import Harness, SpillboxError, Task, ToolResult
 from spillbox.sandbox.docker import (
     LABEL_EXPIRES,
+    LABEL_HOME,
     LABEL_OWNER,
     LABEL_TASK,
     OUTPUT_TAIL_BYTES,
@@ -376,6 +377,69 @@ def test_fork_bomb_hits_the_pids_limit_and_the_task_survives(task: Task, harness
     [admitted] = task.admit([ToolResult(call_id="later", tool="t", content=payload("later"))])
     assert admitted.offloaded
     assert task.exec("sql", 'SELECT count(*) AS n FROM "later"').text.split() == ["n", "400"]
+
+
+MEMORY_HOG = """
+blocks = []
+for i in range(40):  # 2.5 GB in 64 MB blocks, each written (zero-filled), over the 1 GB limit
+    blocks.append(bytearray(64 * 1024 * 1024))
+    print(i, flush=True)
+print("allocated all")
+"""
+
+
+def test_the_memory_limit_holds_and_the_task_survives(task: Task) -> None:
+    [admitted] = task.admit([ToolResult(call_id="before", tool="t", content=payload("before"))])
+    assert admitted.offloaded
+    result = task.exec("python", MEMORY_HOG, timeout=60)
+    assert "allocated all" not in result.text
+    assert result.exit_code != 0
+    # Reported as what it was, at once: not a timeout (gVisor ends the whole sandbox and
+    # leaves the exec's connection open; the host notices the sandbox stopped).
+    assert result.oom_killed and not result.timed_out, result.stderr
+    after = task.exec("sh", "echo alive")
+    assert (after.exit_code, after.text.strip()) == (0, "alive")
+    assert task.exec("sql", 'SELECT count(*) AS n FROM "before"').text.split() == ["n", "400"]
+
+
+CPU_SPINNERS = """
+import os, time
+from multiprocessing import Process
+
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+start, before = time.monotonic(), os.times()
+spinners = [Process(target=spin, args=(2,)) for _ in range(2)]
+for p in spinners:
+    p.start()
+for p in spinners:
+    p.join()
+after, wall = os.times(), time.monotonic() - start
+used = sum(getattr(after, f) - getattr(before, f) for f in ("children_user", "children_system"))
+print(used / wall)
+"""
+
+
+def test_two_busy_processes_get_one_cpu_between_them(task: Task) -> None:
+    # The machine has two cores; the sandbox's limit is one CPU. Load elsewhere can only
+    # lower the share, never raise it.
+    share = float(task.exec("python", CPU_SPINNERS, timeout=60).text)
+    assert share <= 1.25, share
+
+
+def test_a_script_cannot_write_into_the_container_log(task: Task, docker_client: Any) -> None:
+    # The container's log is PID 1's output, capped by Docker; a script (another uid)
+    # cannot open PID 1's stdout to flood it.
+    result = task.exec("sh", "echo flood > /proc/1/fd/1 && echo wrote", timeout=10)
+    assert "wrote" not in result.text and result.exit_code != 0
+    home = task.harness.settings.home.resolve()
+    labels = [f"{LABEL_TASK}={task.id}", f"{LABEL_HOME}={home}"]
+    [container] = docker_client.containers.list(filters={"label": labels})
+    log = container.attrs["HostConfig"]["LogConfig"]
+    assert log["Type"] == "json-file" and log["Config"]["max-size"] == "1m"
 
 
 ESCAPES = """

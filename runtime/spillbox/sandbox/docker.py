@@ -70,6 +70,9 @@ CREATE_ATTEMPTS = 5
 STOPPED_NOTE = b"spillbox: the sandbox stopped while the script ran; the next exec restarts it\n"
 EXEC_NOT_STARTED = 126
 """The exit code of an exec the runtime could not start (e.g. a stopped gVisor sandbox)."""
+WATCH_SECONDS = 1.0
+"""How often a running script's container is checked: a gVisor sandbox that dies under an
+exec (at its memory or pids limit) leaves the exec's connection open."""
 
 _T = TypeVar("_T")
 
@@ -302,7 +305,7 @@ class DockerBackend(SandboxBackend):
             except docker.errors.APIError:
                 # Docker reports an exec into a stopped container as 404, 409 or (20.10)
                 # 500 "is not running": ask the container, not the status code.
-                if _running(container):
+                if _running(container, self.client):
                     raise
             # Removed or stopped from outside (or by gVisor at its pids limit, a moment
             # after the last script ended), or the daemon restarted: the payloads are on
@@ -343,8 +346,23 @@ class DockerBackend(SandboxBackend):
 
         hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
         restart = threading.Timer(timeout + 3 * KILL_GRACE_SECONDS, give_up)
+        finished, stopped = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not finished.wait(WATCH_SECONDS):
+                try:
+                    running = _running(container, self.client)
+                except (docker.errors.DockerException, OSError):
+                    continue  # the engine is busy or restarting: the timers still hold
+                if not running:
+                    stopped.set()
+                    stream.abort()  # the reader sees the end of the output
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
         hard_kill.start()
         restart.start()
+        watcher.start()
         with self._lock:
             self._scripts[storage_id] += 1
         started = time.monotonic()
@@ -358,6 +376,7 @@ class DockerBackend(SandboxBackend):
             if not gave_up.is_set():
                 raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
+            finished.set()
             hard_kill.cancel()
             restart.cancel()
             stream.close()
@@ -368,7 +387,8 @@ class DockerBackend(SandboxBackend):
                     del self._scripts[storage_id]
         elapsed = time.monotonic() - started
         exit_code = None
-        if not gave_up.is_set():  # a restart deletes the exec and its exit code with it
+        # A restart or a dead sandbox takes the exec, and its exit code, with it.
+        if not gave_up.is_set() and not stopped.is_set():
             with docker_errors("reading a script's exit code"):
                 exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
         exit_code = 137 if exit_code is None else int(exit_code)
@@ -378,17 +398,18 @@ class DockerBackend(SandboxBackend):
             # waits for the last script of the task to end (run.sh sweeps then).
             self._kill_scripts(container)
         err_bytes = stderr.value()
-        if exit_code != 0 and not _running(container):
-            # The sandbox itself stopped (gVisor ends one whose pids limit is hit). A
-            # script that never started runs again in a restarted container; one that
-            # ran is not repeated: its failure is reported, and the next exec restarts.
+        oom = err_bytes.endswith(OOM_MARKER)
+        if oom:
+            err_bytes = err_bytes[: -len(OOM_MARKER)]
+        if exit_code != 0 and not _running(container, self.client):
+            # The sandbox itself stopped (gVisor ends one whose pids or memory limit is
+            # hit). A script that never started runs again in a restarted container; one
+            # that ran is not repeated: its failure is reported, and the next exec restarts.
             self._forget(storage_id)
             if exit_code == EXEC_NOT_STARTED:
                 raise _SandboxStopped
             err_bytes += STOPPED_NOTE
-        oom = err_bytes.endswith(OOM_MARKER)
-        if oom:
-            err_bytes = err_bytes[: -len(OOM_MARKER)]
+            oom = oom or _oom_killed(container, self.client)
         return RawExec(
             exit_code=exit_code,
             stdout=stdout.value(),
@@ -551,12 +572,22 @@ class _SandboxStopped(Exception):
     """The container stopped before a script could start in it."""
 
 
-def _running(container: Any) -> bool:
+def _state(container: Any, client: docker.DockerClient) -> dict[str, Any]:
+    """The container's State as Docker has it now ({} once it is gone)."""
     try:
-        container.reload()
+        state: dict[str, Any] = client.api.inspect_container(container.id)["State"]
     except docker.errors.NotFound:
-        return False
-    return bool(container.status == "running")
+        return {}
+    return state
+
+
+def _running(container: Any, client: docker.DockerClient) -> bool:
+    return bool(_state(container, client).get("Running"))
+
+
+def _oom_killed(container: Any, client: docker.DockerClient) -> bool:
+    """Whether the memory limit ended the whole container (a gVisor sandbox)."""
+    return bool(_state(container, client).get("OOMKilled"))
 
 
 def _kill_engines(container: Any) -> None:
