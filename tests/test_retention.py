@@ -539,7 +539,7 @@ def test_close_delete_true_removes_now(harness: Harness) -> None:
 def test_deleting_an_artifact_removes_payload_derived_copies_and_leaves_a_tombstone(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("spillbox.sandbox.storage.CLOCK_SLACK_SECONDS", 0.05)
+    monkeypatch.setattr("spillbox.harness.CLOCK_SLACK_SECONDS", 0.05)
     task = harness.task("t1", retention=Retention(export="allow"))
     storage = task.storage
     (storage.work / "earlier.txt").write_text("a script's output from before c1 existed")

@@ -148,16 +148,19 @@ def admit(
         _, exact = inline.pop(i)
         store(i, "aggregate", TokenCount(exact, exact=True))
 
-    withheld = WITHHELD.format(limit=policy.aggregate_tokens)
-    for i in largest_first(offloadable=False):
-        if inline_total() <= policy.aggregate_tokens:
-            break
-        withheld_tokens = counter.count(withheld)  # only ever counted for an over-full step
-        _, exact = inline[i]
-        if exact > withheld_tokens:
-            del inline[i]
-            tokens = TokenCount(exact, exact=True)
-            decisions[i] = Decision(results[i], withheld, withheld_tokens, tokens, "withheld", None)
+    if inline_total() > policy.aggregate_tokens:  # counted only for an over-full step
+        withheld = WITHHELD.format(limit=policy.aggregate_tokens)
+        withheld_tokens = counter.count(withheld)
+        for i in largest_first(offloadable=False):
+            if inline_total() <= policy.aggregate_tokens:
+                break
+            _, exact = inline[i]
+            if exact > withheld_tokens:
+                del inline[i]
+                tokens = TokenCount(exact, exact=True)
+                decisions[i] = Decision(
+                    results[i], withheld, withheld_tokens, tokens, "withheld", None
+                )
 
     for i, (text, exact) in inline.items():
         decisions[i] = Decision(results[i], text, exact, TokenCount(exact, exact=True), None, None)

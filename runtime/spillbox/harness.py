@@ -31,7 +31,13 @@ from spillbox.notice import NoticeFacts, render
 from spillbox.profile import Shape, profile
 from spillbox.retention import Retention, redact
 from spillbox.sandbox import SandboxBackend, make_backend
-from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, safe_name
+from spillbox.sandbox.storage import (
+    CLOCK_SLACK_SECONDS,
+    Staged,
+    StoredFile,
+    TaskStorage,
+    safe_name,
+)
 from spillbox.tokens import TokenCount, TokenCounter, default_counter, total
 from spillbox.tools import tool_hints
 
@@ -195,7 +201,8 @@ class Harness(_ClosedOnExit):
             return  # already deleted by someone else, or pinned in the meantime
         storage = self.backend.storage(row.task_id)
         storage.remove(row.name)
-        self.backend.forget_derived(storage, row.sha256, row.bytes, since=row.created_at)
+        since = row.created_at - CLOCK_SLACK_SECONDS
+        self.backend.forget_derived(storage, row.sha256, row.bytes, since)
 
     def gc(self, dry_run: bool = False) -> list[gc.Removal]:
         """Remove what retention says must go, and anything orphaned; idempotent."""

@@ -144,7 +144,7 @@ def test_a_stalled_pull_does_not_hang_auto(docker_client: docker.DockerClient) -
 
 
 @pytest.mark.docker
-def test_a_build_removes_outdated_images_that_no_container_uses(
+def test_pruning_removes_outdated_images_that_no_container_uses(
     docker_client: docker.DockerClient, sandbox_image: str
 ) -> None:
     # Two "earlier versions": distinct images that carry the sandbox label, built locally.

@@ -83,9 +83,10 @@ class SandboxBackend(ABC):
         storage.destroy()
 
     def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
-        """Delete what may be derived from a payload created at `since` with these bytes:
-        every query-engine table of the task (rebuilt on demand from what is left), and
-        the files of work/ that may hold it (TaskStorage.remove_derived)."""
+        """Delete what may be derived from a payload with these bytes that exists since
+        `since` (its creation, less the clock slack): every query-engine table of the task
+        (rebuilt on demand from what is left), and the files of work/ that may hold it
+        (TaskStorage.remove_derived)."""
         storage.clear_cache()
         storage.remove_derived(sha256, size, since)
 

@@ -39,7 +39,7 @@ from docker.types import LogConfig
 from spillbox.errors import ExecError, SandboxError
 from spillbox.sandbox.base import RawExec, SandboxBackend
 from spillbox.sandbox.image import ensure_image, image_tag
-from spillbox.sandbox.storage import CLOCK_SLACK_SECONDS, StoredFile, TaskStorage, safe_name
+from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
 
 SCRIPT_UID = 10001
 ENGINE_UID = 10002
@@ -401,7 +401,8 @@ class DockerBackend(SandboxBackend):
         oom = err_bytes.endswith(OOM_MARKER)
         if oom:
             err_bytes = err_bytes[: -len(OOM_MARKER)]
-        if exit_code != 0 and not _running(container, self.client):
+        state = _state(container, self.client) if exit_code != 0 else {"Running": True}
+        if not state.get("Running"):
             # The sandbox itself stopped (gVisor ends one whose pids or memory limit is
             # hit). A script that never started runs again in a restarted container; one
             # that ran is not repeated: its failure is reported, and the next exec restarts.
@@ -409,7 +410,7 @@ class DockerBackend(SandboxBackend):
             if exit_code == EXEC_NOT_STARTED:
                 raise _SandboxStopped
             err_bytes += STOPPED_NOTE
-            oom = oom or _oom_killed(container, self.client)
+            oom = oom or bool(state.get("OOMKilled"))  # Docker's record, when memory ended it
         return RawExec(
             exit_code=exit_code,
             stdout=stdout.value(),
@@ -513,14 +514,13 @@ class DockerBackend(SandboxBackend):
             engine = self._engines.pop(storage.task_id, None)
         if engine is not None:
             engine.close()
-        since_whole = int(since - CLOCK_SLACK_SECONDS)
         with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 if container.status == "running":
                     _kill_engines(container)
                     container.exec_run(
                         ["find", "/tmp", "-xdev", "-mindepth", "1", "-newerct",
-                         f"@{since_whole}", "-delete"],
+                         f"@{int(since)}", "-delete"],
                         user=f"{SCRIPT_UID}:{SANDBOX_GID}",
                     )  # fmt: skip
         super().forget_derived(storage, sha256, size, since)
@@ -583,11 +583,6 @@ def _state(container: Any, client: docker.DockerClient) -> dict[str, Any]:
 
 def _running(container: Any, client: docker.DockerClient) -> bool:
     return bool(_state(container, client).get("Running"))
-
-
-def _oom_killed(container: Any, client: docker.DockerClient) -> bool:
-    """Whether the memory limit ended the whole container (a gVisor sandbox)."""
-    return bool(_state(container, client).get("OOMKilled"))
 
 
 def _kill_engines(container: Any) -> None:

@@ -88,22 +88,19 @@ release the GIL, and the two overlap on a second core."""
 def _write_and_hash(fd: int, data: bytes) -> str:
     """Write data to fd (closing it, mode 0644) and return its sha256."""
     digests: list[str] = []
-
-    def digest() -> None:
-        digests.append(hashlib.sha256(data).hexdigest())
-
-    hasher = threading.Thread(target=digest) if len(data) >= PARALLEL_HASH_BYTES else None
-    if hasher is not None:
+    hasher = threading.Thread(target=lambda: digests.append(hashlib.sha256(data).hexdigest()))
+    parallel = len(data) >= PARALLEL_HASH_BYTES
+    if parallel:
         hasher.start()
     try:
         with os.fdopen(fd, "wb") as out:
             os.fchmod(out.fileno(), 0o644)
             out.write(data)
     finally:
-        if hasher is not None:
+        if parallel:
             hasher.join()
-    if hasher is None:
-        digest()
+    if not parallel:
+        hasher.run()  # in this thread: a thread start costs more than hashing a few KB
     return digests[0]
 
 
@@ -232,10 +229,10 @@ class TaskStorage:
 
     def remove_derived(self, sha256: str, size: int, since: float) -> int:
         """Delete the regular files in work/ that may hold a payload: exact copies of its
-        bytes, and every file changed since `since` (its creation, less CLOCK_SLACK_SECONDS),
-        for a script may have converted it (Parquet, CSV, an extract) and nothing tells
-        which payload a script read. Scratch a script wrote meanwhile goes too: deletion
-        errs on the side of deleting.
+        bytes, and every file changed since `since` (its creation less CLOCK_SLACK_SECONDS,
+        which the caller subtracts), for a script may have converted it (Parquet, CSV, an
+        extract) and nothing tells which payload a script read. Scratch a script wrote
+        meanwhile goes too: deletion errs on the side of deleting.
 
         The change time (ctime) is used, which no script can set back. work/ is writable
         by hostile code, which may swap a folder for a symlink at any moment: every step
@@ -245,7 +242,6 @@ class TaskStorage:
         removed = 0
         if not self.work.is_dir():
             return removed
-        since -= CLOCK_SLACK_SECONDS
         for _, _, files, folder in os.fwalk(self.work, follow_symlinks=False):
             for name in files:
                 try:
