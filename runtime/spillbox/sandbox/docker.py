@@ -66,6 +66,8 @@ KILL_GRACE_SECONDS = 5.0
 OUTPUT_TAIL_BYTES = 64 * 1024
 MAX_CODE_BYTES = 256 * 1024
 OOM_MARKER = b"\x1espillbox:oom_killed\n"
+END_MARKER = b"\x1espillbox:end\n"
+"""run.sh's last stderr line: a script's runner that ended by itself, in a live sandbox."""
 CREATE_ATTEMPTS = 5
 STOPPED_NOTE = b"spillbox: the sandbox stopped while the script ran; the next exec restarts it\n"
 EXEC_NOT_STARTED = 126
@@ -73,6 +75,9 @@ EXEC_NOT_STARTED = 126
 WATCH_SECONDS = 1.0
 """How often a running script's container is checked: a gVisor sandbox that dies under an
 exec (at its memory or pids limit) leaves the exec's connection open."""
+SETTLE_SECONDS = 5.0
+"""How long a runner that ended without its end mark may take to show up as a stopped
+sandbox: gVisor can end the exec ("WaitPID failed: EOF") before Docker records the stop."""
 
 _T = TypeVar("_T")
 
@@ -397,11 +402,11 @@ class DockerBackend(SandboxBackend):
             # What escaped the script's group; with a neighbour still running, the sweep
             # waits for the last script of the task to end (run.sh sweeps then).
             self._kill_scripts(container)
-        err_bytes = stderr.value()
-        oom = err_bytes.endswith(OOM_MARKER)
-        if oom:
-            err_bytes = err_bytes[: -len(OOM_MARKER)]
-        state = _state(container, self.client) if exit_code != 0 else {"Running": True}
+        err_bytes, ended = _strip(stderr.value(), END_MARKER)
+        err_bytes, oom = _strip(err_bytes, OOM_MARKER)
+        state = {"Running": True}
+        if stopped.is_set() or not (ended or timed_out):
+            state = _settled_state(container, self.client)
         if not state.get("Running"):
             # The sandbox itself stopped (gVisor ends one whose pids or memory limit is
             # hit). A script that never started runs again in a restarted container; one
@@ -516,13 +521,18 @@ class DockerBackend(SandboxBackend):
             engine.close()
         with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
-                if container.status == "running":
-                    _kill_engines(container)
+                if container.status != "running":
+                    continue  # a stopped container's /tmp (a tmpfs) is gone with it
+                _kill_engines(container)
+                try:
                     container.exec_run(
                         ["find", "/tmp", "-xdev", "-mindepth", "1", "-newerct",
                          f"@{int(since)}", "-delete"],
                         user=f"{SCRIPT_UID}:{SANDBOX_GID}",
                     )  # fmt: skip
+                except docker.errors.APIError:
+                    if _running(container, self.client):
+                        raise  # it stopped since it was listed: nothing is left to delete
         super().forget_derived(storage, sha256, size, since)
 
     def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
@@ -579,6 +589,21 @@ def _state(container: Any, client: docker.DockerClient) -> dict[str, Any]:
     except docker.errors.NotFound:
         return {}
     return state
+
+
+def _settled_state(container: Any, client: docker.DockerClient) -> dict[str, Any]:
+    """The container's State once it stopped, or as it is after SETTLE_SECONDS running."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while (state := _state(container, client)).get("Running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return state
+
+
+def _strip(data: bytes, marker: bytes) -> tuple[bytes, bool]:
+    """`data` without `marker` at its end, and whether it was there."""
+    if data.endswith(marker):
+        return data[: -len(marker)], True
+    return data, False
 
 
 def _running(container: Any, client: docker.DockerClient) -> bool:

@@ -8,7 +8,9 @@
 # left its group with setsid. After a timeout the host sweeps the uid again, once no
 # other script of the task is running.
 # Whether the memory limit killed something is read from the cgroup's oom_kill counter
-# before and after, and reported as the last stderr line for the host to strip.
+# before and after, and reported on stderr for the host to strip. The last stderr line is
+# always the end mark: without it, the host knows this runner did not end by itself (a
+# gVisor sandbox that died under it) and asks Docker what became of the sandbox.
 limit="$1" lang="$2" code="$3"
 
 # Sets $oom to the cgroup's oom_kill count (v2 or v1), with shell builtins only: a
@@ -45,4 +47,5 @@ read_oom
 if [ "$oom" != "$before" ]; then
     printf '\036spillbox:oom_killed\n' >&2
 fi
+printf '\036spillbox:end\n' >&2
 exit "$status"
