@@ -278,6 +278,15 @@ def test_a_damaged_catalog_is_a_storage_error(home: Path) -> None:
         Catalog(home)
 
 
+def test_a_refused_record_is_not_called_damage_and_writes_nothing(home: Path) -> None:
+    catalog = Catalog(home)
+    with pytest.raises(StorageError, match="refused a record .*FOREIGN KEY") as caught:
+        catalog.add_artifact(_row("no-such-task", "a1"))  # artifacts need their task's row
+    assert "damaged" not in str(caught.value)
+    assert catalog.artifacts("no-such-task") == [] and catalog.audit("no-such-task") == []
+    catalog.close()
+
+
 def test_tombstones_keep_when_and_why(home: Path) -> None:
     catalog = Catalog(home)
     catalog.open_task("t1", "{}")

@@ -185,6 +185,11 @@ class Catalog:
                     f"{self.busy_timeout:g} s while {doing}; retry, or find the stuck process"
                 ) from e
             raise StorageError(f"the catalog {self.path} failed while {doing}: {e}") from e
+        except sqlite3.IntegrityError as e:
+            raise StorageError(
+                f"the catalog {self.path} refused a record ({e}) while {doing}: nothing was "
+                "written; this is a spillbox bug, please report it with this line"
+            ) from e
         except sqlite3.DatabaseError as e:
             raise StorageError(
                 f"the catalog {self.path} is damaged ({e}) while {doing}: "

@@ -184,6 +184,10 @@ class DockerBackend(SandboxBackend):
         thread.start()
 
     def _start_in_background(self, storage: TaskStorage) -> None:
+        # Thread.start() in warm() returns once this thread runs, but its caller then needs
+        # the GIL, which the Docker SDK's Python work below would hold for about a
+        # millisecond: yield it first, so the step that set the start going is not billed.
+        time.sleep(0)
         try:
             self.container(storage)
         except BaseException as e:  # re-raised by the first exec that needs the container
