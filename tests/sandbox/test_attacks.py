@@ -402,6 +402,29 @@ def test_the_memory_limit_holds_and_the_task_survives(task: Task) -> None:
     assert task.exec("sql", 'SELECT count(*) AS n FROM "before"').text.split() == ["n", "400"]
 
 
+def test_a_query_beside_a_memory_hog_ends_when_the_hog_does(task: Task) -> None:
+    # Under runc the memory limit kills the hog alone and the query (about 5 s) answers.
+    # gVisor ends the whole sandbox and leaves the query's connection open: the host
+    # notices the stop and reports it (or, had the connection ended, runs the read-only
+    # query again), where the query used to wait out its timeout.
+    [admitted] = task.admit([ToolResult(call_id="before", tool="t", content=payload("before"))])
+    assert admitted.offloaded
+    assert task.exec("sql", "SELECT 1").exit_code == 0  # the engine runs
+    query = "SELECT count(DISTINCT i % 1000003) AS n FROM range(300000000) t(i)"
+    with ThreadPoolExecutor(1) as pool:
+        querying = pool.submit(task.exec, "sql", query, timeout=20)
+        time.sleep(1.5)  # the query is running
+        hog = task.exec("python", MEMORY_HOG, timeout=60)
+        sql = querying.result()
+    assert hog.oom_killed and not hog.timed_out, hog.stderr
+    assert not sql.timed_out, sql.stderr
+    if "the sandbox stopped" in sql.stderr:
+        assert sql.exit_code == 137 and sql.oom_killed
+    else:
+        assert (sql.exit_code, sql.text.split()) == (0, ["n", "1000003"]), sql.stderr
+    assert task.exec("sql", 'SELECT count(*) AS n FROM "before"').text.split() == ["n", "400"]
+
+
 CPU_SPINNERS = """
 import os, time
 from multiprocessing import Process

@@ -168,6 +168,31 @@ def test_a_container_removed_from_outside_is_recreated_with_payloads_intact(
     gc.collect()
 
 
+def test_a_container_killed_under_a_query_runs_the_query_again_in_a_restarted_one(
+    harness: Harness, docker_client: Any
+) -> None:
+    # Seen here: the engine's output ends, the retry's exec is created while Docker still
+    # counts the container as running, and its start answers with plain text ("cannot exec
+    # in a stopped state"), which reached the caller as a JSONDecodeError. A query only
+    # reads, so it now runs again in the restarted sandbox.
+    task = harness.task("killed-under-query")
+    offload(task, "c1", prs(50))
+    assert count_sql(task, "c1") == "50"
+    [before] = containers(docker_client, harness.settings.home, task.id)
+    started_at = before.attrs["State"]["StartedAt"]
+    killer = threading.Timer(2.0, before.kill)
+    killer.start()
+    result = task.exec("sql", "SELECT count(DISTINCT i % 1000003) AS n FROM range(300000000) t(i)")
+    killer.join()
+    assert result.exit_code == 0, result.stderr
+    assert result.text.split() == ["n", "1000003"]
+    [after] = containers(docker_client, harness.settings.home, task.id)
+    # The answer came from a restart: the kill landed under the query, not after it.
+    assert after.status == "running" and after.attrs["State"]["StartedAt"] != started_at
+    assert count_sql(task, "c1") == "50"
+    gc.collect()  # as above: a leaked engine socket fails here
+
+
 @pytest.mark.parametrize("sandbox_dies", [True, False], ids=["sandbox-dies", "sandbox-lives"])
 def test_a_runner_that_ends_without_its_end_mark_asks_what_became_of_the_sandbox(
     harness: Harness, docker_client: Any, sandbox_dies: bool, monkeypatch: pytest.MonkeyPatch

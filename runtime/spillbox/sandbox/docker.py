@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,8 +74,8 @@ STOPPED_NOTE = b"spillbox: the sandbox stopped while the script ran; the next ex
 EXEC_NOT_STARTED = 126
 """The exit code of an exec the runtime could not start (e.g. a stopped gVisor sandbox)."""
 WATCH_SECONDS = 1.0
-"""How often a running script's container is checked: a gVisor sandbox that dies under an
-exec (at its memory or pids limit) leaves the exec's connection open."""
+"""How often the container of an exec that is still running is checked: a gVisor sandbox
+that dies under an exec (at its memory or pids limit) leaves the exec's connection open."""
 SETTLE_SECONDS = 5.0
 """How long a runner that ended without its end mark may take to show up as a stopped
 sandbox: gVisor can end the exec ("WaitPID failed: EOF") before Docker records the stop."""
@@ -342,52 +343,33 @@ class DockerBackend(SandboxBackend):
             stdin=False,
             home=f"{SANDBOX_ROOT}/work",
         )
-        # Behind the in-container timeout: kill the uid's processes; if output is still
-        # open after that (a kill that could not start at the pids limit, a sandbox that
-        # died under its exec), stop waiting and restart the container, which ends
-        # every process in it.
-        gave_up = threading.Event()
-
-        def give_up() -> None:
-            gave_up.set()
-            stream.abort()
-            self._restart(storage_id, container)
-
-        hard_kill = threading.Timer(timeout + KILL_GRACE_SECONDS, self._kill_scripts, (container,))
-        restart = threading.Timer(timeout + 3 * KILL_GRACE_SECONDS, give_up)
-        finished, stopped = threading.Event(), threading.Event()
-
-        def watch() -> None:
-            while not finished.wait(WATCH_SECONDS):
-                try:
-                    running = _running(container, self.client)
-                except (docker.errors.DockerException, OSError):
-                    continue  # the engine is busy or restarting: the timers still hold
-                if not running:
-                    stopped.set()
-                    stream.abort()  # the reader sees the end of the output
-                    return
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        hard_kill.start()
-        restart.start()
-        watcher.start()
         with self._lock:
             self._scripts[storage_id] += 1
         started = time.monotonic()
         stdout = _CappedBuffer(self.options.max_output_bytes)
         stderr = _CappedBuffer(1024 * 1024)
-        stream.settimeout(None)  # the timers above bound the wait, not the socket
+        gave_up, died = False, None
+        kill_at = started + timeout + KILL_GRACE_SECONDS
         try:
-            while (frame := stream.frame()) is not None:
-                (stdout if frame[0] == 1 else stderr).add(frame[1])
+            # Behind the in-container timeout: kill the uid's processes; if output is
+            # still open after that (a kill that could not start at the pids limit),
+            # stop waiting and restart the container, which ends every process in it.
+            for kind, data in _watched_frames(
+                stream,
+                container,
+                self.client,
+                give_up_at=started + timeout + 3 * KILL_GRACE_SECONDS,
+                late=(kill_at, partial(self._kill_scripts, container)),
+            ):
+                (stdout if kind == 1 else stderr).add(data)
+        except _GaveUp:
+            gave_up = True
+            self._restart(storage_id, container)
+        except _SandboxDied as e:
+            died = e.state
         except OSError as e:
-            if not gave_up.is_set():
-                raise ExecError(f"lost the connection to the script: {e}; run it again") from e
+            raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
-            finished.set()
-            hard_kill.cancel()
-            restart.cancel()
             stream.close()
             with self._lock:
                 self._scripts[storage_id] -= 1
@@ -397,19 +379,19 @@ class DockerBackend(SandboxBackend):
         elapsed = time.monotonic() - started
         exit_code = None
         # A restart or a dead sandbox takes the exec, and its exit code, with it.
-        if not gave_up.is_set() and not stopped.is_set():
+        if not gave_up and died is None:
             with docker_errors("reading a script's exit code"):
                 exit_code = api.exec_inspect(stream.exec_id)["ExitCode"]
         exit_code = 137 if exit_code is None else int(exit_code)
-        timed_out = gave_up.is_set() or (elapsed >= timeout and exit_code in (124, 137))
-        if timed_out and not gave_up.is_set() and alone:
+        timed_out = gave_up or (elapsed >= timeout and exit_code in (124, 137))
+        if timed_out and not gave_up and alone:
             # What escaped the script's group; with a neighbour still running, the sweep
             # waits for the last script of the task to end (run.sh sweeps then).
             self._kill_scripts(container)
         err_bytes, ended = _strip(stderr.value(), END_MARKER)
         err_bytes, oom = _strip(err_bytes, OOM_MARKER)
-        state = {"Running": True}
-        if stopped.is_set() or not (ended or timed_out):
+        state = died or {"Running": True}
+        if died is None and not (ended or timed_out):
             state = _settled_state(container, self.client)
         if not state.get("Running"):
             # The sandbox itself stopped (gVisor ends one whose pids or memory limit is
@@ -446,11 +428,22 @@ class DockerBackend(SandboxBackend):
 
     def _sql(self, storage: TaskStorage, container: Any, code: str, timeout: float) -> RawExec:
         try:
-            engine, response = self._query(storage, container, code, timeout)
-        except ExecError:
-            # The engine died (daemon restart, deletion, OOM) between queries: one retry
-            # with a fresh engine; a query that kills its engine again fails for real.
-            engine, response = self._query(storage, container, code, timeout)
+            try:
+                engine, response = self._query(storage, container, code, timeout)
+            except ExecError:
+                # The engine died (daemon restart, deletion, OOM) between queries or under
+                # this one: one retry with a fresh engine; a query that kills its engine
+                # again fails for real. A query only reads, so running it again is safe.
+                try:
+                    engine, response = self._query(storage, container, code, timeout)
+                except ExecError:
+                    if _running(container, self.client):
+                        raise
+                    raise _SandboxStopped from None  # rerun in the restarted sandbox
+        except _SandboxDied as e:
+            # As for a script: reported, not repeated; the next exec restarts the sandbox.
+            self._forget(storage.task_id)
+            return RawExec(137, b"", STOPPED_NOTE, False, bool(e.state.get("OOMKilled")))
         if response is None:  # hung past its timeout: kill it; the next query starts afresh
             with self._lock:
                 self._engines.pop(storage.task_id, None)
@@ -583,7 +576,60 @@ def cleanup_home(home: Path) -> None:
 
 
 class _SandboxStopped(Exception):
-    """The container stopped before a script could start in it."""
+    """The container stopped before a script could start in it (or under a query, which
+    only reads and so runs again)."""
+
+
+class _SandboxDied(Exception):
+    """The container stopped while an exec's output was still open (gVisor leaves it open)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__("the sandbox stopped")
+        self.state = state
+
+
+class _GaveUp(Exception):
+    """An exec's output stayed open past its last deadline."""
+
+
+def _watched_frames(
+    stream: _ExecStream,
+    container: Any,
+    client: docker.DockerClient,
+    give_up_at: float,
+    late: tuple[float, Callable[[], object]] | None = None,
+) -> Iterator[tuple[int, bytes]]:
+    """The frames of an exec's output until it ends, with the container watched.
+
+    A gVisor sandbox that dies under an exec (at its memory or pids limit) leaves the exec's
+    connection open, so every WATCH_SECONDS the container is asked whether it still runs:
+    _SandboxDied if not. Past late's time (monotonic) its action runs once; past
+    give_up_at, _GaveUp. Short execs end before the first check and cost no extra call.
+    """
+    stream.settimeout(WATCH_SECONDS)
+    check_at = time.monotonic() + WATCH_SECONDS
+    while True:
+        now = time.monotonic()
+        if now >= check_at:
+            check_at = now + WATCH_SECONDS
+            if now >= give_up_at:
+                raise _GaveUp
+            if late is not None and now >= late[0]:
+                late[1]()
+                late = None
+            try:
+                state = _state(container, client)
+            except (docker.errors.DockerException, OSError):
+                state = {"Running": True}  # the engine is busy or restarting: the deadlines hold
+            if not state.get("Running"):
+                raise _SandboxDied(state)
+        try:
+            frame = stream.frame()
+        except TimeoutError:
+            continue  # quiet for WATCH_SECONDS: check again
+        if frame is None:
+            return
+        yield frame
 
 
 def _state(container: Any, client: docker.DockerClient) -> dict[str, Any]:
@@ -670,36 +716,36 @@ class _ExecStream:
         )["Id"]
         self._raw = api.exec_start(self.exec_id, socket=True)
         self._sock: socket.socket = getattr(self._raw, "_sock", self._raw)
+        self._pending = bytearray()
+        """Bytes received and not yet returned: a timeout mid-frame loses nothing."""
 
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)
-
-    def abort(self) -> None:
-        """Wake a reader blocked on this stream from another thread: it sees the end."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed
 
     def send(self, data: bytes) -> None:
         self._sock.sendall(data)
 
     def frame(self) -> tuple[int, bytes] | None:
-        """The next (stream, payload): 1 is stdout, 2 is stderr; None at end of output."""
-        header = self._recv_exactly(8)
-        if header is None:
-            return None
-        size = struct.unpack(">I", header[4:])[0]
-        return header[0], self._recv_exactly(size) or b""
+        """The next (stream, payload): 1 is stdout, 2 is stderr; None at end of output.
 
-    def _recv_exactly(self, size: int) -> bytes | None:
-        data = bytearray()
-        while len(data) < size:
-            chunk = self._sock.recv(min(size - len(data), 1 << 20))
+        A socket timeout (TimeoutError) keeps what came; the next call goes on from there.
+        """
+        if not self._fill(8):
+            return None
+        size = struct.unpack(">I", self._pending[4:8])[0]
+        complete = self._fill(8 + size)
+        kind, data = self._pending[0], bytes(self._pending[8 : 8 + size])
+        del self._pending[: 8 + size]
+        return (kind, data) if complete else None
+
+    def _fill(self, size: int) -> bool:
+        """Receive until `size` bytes are pending; False at the end of the output."""
+        while len(self._pending) < size:
+            chunk = self._sock.recv(max(size - len(self._pending), 1 << 16))
             if not chunk:
-                return None
-            data += chunk
-        return bytes(data)
+                return False
+            self._pending += chunk
+        return True
 
     def close(self) -> None:
         for closable in (self._raw, self._sock):
@@ -714,6 +760,7 @@ class _SqlEngine:
 
     def __init__(self, client: docker.DockerClient, container: Any) -> None:
         self.container_id = container.id
+        self._client = client
         self._container = container
         self._lock = threading.Lock()
         self._stream = _ExecStream(
@@ -728,25 +775,35 @@ class _SqlEngine:
         self._errors = bytearray()
 
     def query(self, sql: str, timeout: float, max_bytes: int) -> dict[str, Any] | None:
-        """The engine's response, or None if it did not answer within timeout + grace."""
+        """The engine's response, or None if it did not answer within timeout + grace.
+
+        Raises _SandboxDied if the container stopped under the query.
+        """
         request = json.dumps({"sql": sql, "timeout": timeout, "max_bytes": max_bytes}) + "\n"
         with self._lock:
             try:
-                self._stream.settimeout(timeout + KILL_GRACE_SECONDS)
                 self._stream.send(request.encode("utf-8"))
-                line = self._read_line()
-            except TimeoutError:
+                line = self._read_line(time.monotonic() + timeout + KILL_GRACE_SECONDS)
+            except _GaveUp:
                 return None
             except OSError as e:
                 raise ExecError(
                     f"the SQL engine's connection broke: {e}; run the query again"
                 ) from e
-        response: dict[str, Any] = json.loads(line)
+        try:
+            response: dict[str, Any] = json.loads(line)
+        except ValueError:
+            # Docker writes why an exec could not start (a container stopping under it)
+            # into the exec's stream as plain text.
+            said = line.decode("utf-8", "replace").strip()[:200]
+            error = ExecError(f"the SQL engine did not answer ({said}); run the query again")
+            raise error from None
         return response
 
-    def _read_line(self) -> bytes:
+    def _read_line(self, give_up_at: float) -> bytes:
+        frames = _watched_frames(self._stream, self._container, self._client, give_up_at)
         while b"\n" not in self._buffer:
-            frame = self._stream.frame()
+            frame = next(frames, None)
             if frame is None:
                 detail = self._errors.decode("utf-8", "replace").strip().splitlines()
                 last = detail[-1] if detail else "no error message"
