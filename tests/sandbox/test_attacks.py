@@ -60,6 +60,11 @@ def task(harness: Harness) -> Iterator[Task]:
     task.close(delete=True)
 
 
+def task_labels(task: Task) -> list[str]:
+    """The labels that find the task's container."""
+    return [f"{LABEL_TASK}={task.id}", f"{LABEL_HOME}={task.harness.settings.home.resolve()}"]
+
+
 def payload(marker: str, rows: int = 400) -> str:
     """A JSON array large enough to be offloaded, carrying a marker."""
     return json.dumps([{"id": i, "secret": marker, "pad": "x" * 200} for i in range(rows)])
@@ -426,7 +431,7 @@ def test_a_query_beside_a_memory_hog_ends_when_the_hog_does(task: Task) -> None:
 
 
 CPU_SPINNERS = """
-import os, time
+import time
 from multiprocessing import Process
 
 def spin(seconds):
@@ -434,22 +439,29 @@ def spin(seconds):
     while time.monotonic() < end:
         pass
 
-start, before = time.monotonic(), os.times()
-spinners = [Process(target=spin, args=(2,)) for _ in range(2)]
+spinners = [Process(target=spin, args=(3,)) for _ in range(2)]
 for p in spinners:
     p.start()
 for p in spinners:
     p.join()
-after, wall = os.times(), time.monotonic() - start
-used = sum(getattr(after, f) - getattr(before, f) for f in ("children_user", "children_system"))
-print(used / wall)
 """
 
 
-def test_two_busy_processes_get_one_cpu_between_them(task: Task) -> None:
-    # The machine has two cores; the sandbox's limit is one CPU. Load elsewhere can only
-    # lower the share, never raise it.
-    share = float(task.exec("python", CPU_SPINNERS, timeout=60).text)
+def test_two_busy_processes_get_one_cpu_between_them(task: Task, docker_client: Any) -> None:
+    # The machine has two cores; the sandbox's limit is one CPU. Measured on the host, from
+    # the container's cgroup (gVisor's own accounting inside the sandbox overstated it
+    # under load: 1.73 once). Load elsewhere can only lower the share, never raise it.
+    task.exec("sh", "true")  # the container runs
+    [container] = docker_client.containers.list(filters={"label": task_labels(task)})
+
+    def cpu_seconds() -> float:
+        stats = container.stats(stream=False, one_shot=True)
+        return float(stats["cpu_stats"]["cpu_usage"]["total_usage"]) / 1e9
+
+    used, started = cpu_seconds(), time.monotonic()
+    result = task.exec("python", CPU_SPINNERS, timeout=60)
+    share = (cpu_seconds() - used) / (time.monotonic() - started)
+    assert result.exit_code == 0, result.stderr
     assert share <= 1.25, share
 
 
@@ -458,9 +470,7 @@ def test_a_script_cannot_write_into_the_container_log(task: Task, docker_client:
     # cannot open PID 1's stdout to flood it.
     result = task.exec("sh", "echo flood > /proc/1/fd/1 && echo wrote", timeout=10)
     assert "wrote" not in result.text and result.exit_code != 0
-    home = task.harness.settings.home.resolve()
-    labels = [f"{LABEL_TASK}={task.id}", f"{LABEL_HOME}={home}"]
-    [container] = docker_client.containers.list(filters={"label": labels})
+    [container] = docker_client.containers.list(filters={"label": task_labels(task)})
     log = container.attrs["HostConfig"]["LogConfig"]
     assert log["Type"] == "json-file" and log["Config"]["max-size"] == "1m"
 
