@@ -139,7 +139,8 @@ def test_a_stalled_pull_does_not_hang_auto(docker_client: docker.DockerClient) -
     finally:
         server.close()
     assert not usable
-    assert time.monotonic() - started < 5
+    # A guard against a hang (an unbounded wait), not a speed claim: 1 s stall, 30 s bound.
+    assert time.monotonic() - started < 30
     assert lines[-1].startswith("no registry: pulling")
 
 

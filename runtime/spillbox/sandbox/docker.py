@@ -76,6 +76,8 @@ EXEC_NOT_STARTED = 126
 WATCH_SECONDS = 1.0
 """How often the container of an exec that is still running is checked: a gVisor sandbox
 that dies under an exec (at its memory or pids limit) leaves the exec's connection open."""
+OOM_EVENT_SECONDS = 2
+"""How long a sandbox that stopped under an exec may take to show Docker's "oom" event."""
 SETTLE_SECONDS = 5.0
 """How long a runner that ended without its end mark may take to show up as a stopped
 sandbox: gVisor can end the exec ("WaitPID failed: EOF") before Docker records the stop."""
@@ -345,7 +347,7 @@ class DockerBackend(SandboxBackend):
         )
         with self._lock:
             self._scripts[storage_id] += 1
-        started = time.monotonic()
+        started, since = time.monotonic(), time.time()
         stdout = _CappedBuffer(self.options.max_output_bytes)
         stderr = _CappedBuffer(1024 * 1024)
         gave_up, died = False, None
@@ -401,7 +403,7 @@ class DockerBackend(SandboxBackend):
             if exit_code == EXEC_NOT_STARTED:
                 raise _SandboxStopped
             err_bytes += STOPPED_NOTE
-            oom = oom or bool(state.get("OOMKilled"))  # Docker's record, when memory ended it
+            oom = oom or _ended_by_memory(self.client, container, state, since)
         return RawExec(
             exit_code=exit_code,
             stdout=stdout.value(),
@@ -427,6 +429,7 @@ class DockerBackend(SandboxBackend):
             pass  # the container is gone: so are its processes
 
     def _sql(self, storage: TaskStorage, container: Any, code: str, timeout: float) -> RawExec:
+        since = time.time()
         try:
             try:
                 engine, response = self._query(storage, container, code, timeout)
@@ -443,7 +446,8 @@ class DockerBackend(SandboxBackend):
         except _SandboxDied as e:
             # As for a script: reported, not repeated; the next exec restarts the sandbox.
             self._forget(storage.task_id)
-            return RawExec(137, b"", STOPPED_NOTE, False, bool(e.state.get("OOMKilled")))
+            oom = _ended_by_memory(self.client, container, e.state, since)
+            return RawExec(137, b"", STOPPED_NOTE, False, oom)
         if response is None:  # hung past its timeout: kill it; the next query starts afresh
             with self._lock:
                 self._engines.pop(storage.task_id, None)
@@ -647,6 +651,30 @@ def _settled_state(container: Any, client: docker.DockerClient) -> dict[str, Any
     while (state := _state(container, client)).get("Running") and time.monotonic() < deadline:
         time.sleep(0.1)
     return state
+
+
+def _ended_by_memory(
+    client: docker.DockerClient, container: Any, state: dict[str, Any], since: float
+) -> bool:
+    """Whether the memory limit stopped the container (state: its State once stopped).
+
+    State.OOMKilled is set only if Docker hears of the OOM before the exit; under gVisor
+    the exit can come first. Docker still logs the "oom" event: wait up to OOM_EVENT_SECONDS
+    for one since `since` (epoch seconds).
+    """
+    if state.get("OOMKilled"):
+        return True
+    with docker_errors("reading the container's events"):
+        events = client.api.events(
+            since=int(since) - 1,
+            until=int(time.time()) + OOM_EVENT_SECONDS,
+            filters={"container": container.id, "event": "oom"},
+            decode=True,
+        )
+        try:
+            return next(iter(events), None) is not None
+        finally:
+            events.close()
 
 
 def _strip(data: bytes, marker: bytes) -> tuple[bytes, bool]:
