@@ -77,7 +77,7 @@ WATCH_SECONDS = 1.0
 """How often the container of an exec that is still running is checked: a gVisor sandbox
 that dies under an exec (at its memory or pids limit) leaves the exec's connection open."""
 OOM_EVENT_SECONDS = 2
-"""How long a sandbox that stopped under an exec may take to show Docker's "oom" event."""
+"""How long Docker's "oom" event may trail an exec cut under its runner."""
 SETTLE_SECONDS = 5.0
 """How long a runner that ended without its end mark may take to show up as a stopped
 sandbox: gVisor can end the exec ("WaitPID failed: EOF") before Docker records the stop."""
@@ -392,18 +392,18 @@ class DockerBackend(SandboxBackend):
             self._kill_scripts(container)
         err_bytes, ended = _strip(stderr.value(), END_MARKER)
         err_bytes, oom = _strip(err_bytes, OOM_MARKER)
-        state = died or {"Running": True}
-        if died is None and not (ended or timed_out):
-            state = _settled_state(container, self.client)
-        if not state.get("Running"):
-            # The sandbox itself stopped (gVisor ends one whose pids or memory limit is
-            # hit). A script that never started runs again in a restarted container; one
-            # that ran is not repeated: its failure is reported, and the next exec restarts.
-            self._forget(storage_id)
-            if exit_code == EXEC_NOT_STARTED:
-                raise _SandboxStopped
-            err_bytes += STOPPED_NOTE
-            oom = oom or _ended_by_memory(self.client, container, state, since)
+        if died is not None or not (ended or timed_out):
+            # The runner did not end by itself: its exec was cut under it.
+            state = died or _settled_state(container, self.client)
+            if not state.get("Running"):
+                # The sandbox itself stopped (gVisor ends one whose pids or memory limit is
+                # hit). A script that never started runs again in a restarted container; one
+                # that ran is not repeated: its failure is reported, the next exec restarts.
+                self._forget(storage_id)
+                if exit_code == EXEC_NOT_STARTED:
+                    raise _SandboxStopped
+                err_bytes += STOPPED_NOTE
+            oom = oom or _memory_ran_out(self.client, container, state, since)
         return RawExec(
             exit_code=exit_code,
             stdout=stdout.value(),
@@ -446,7 +446,7 @@ class DockerBackend(SandboxBackend):
         except _SandboxDied as e:
             # As for a script: reported, not repeated; the next exec restarts the sandbox.
             self._forget(storage.task_id)
-            oom = _ended_by_memory(self.client, container, e.state, since)
+            oom = _memory_ran_out(self.client, container, e.state, since)
             return RawExec(137, b"", STOPPED_NOTE, False, oom)
         if response is None:  # hung past its timeout: kill it; the next query starts afresh
             with self._lock:
@@ -653,18 +653,20 @@ def _settled_state(container: Any, client: docker.DockerClient) -> dict[str, Any
     return state
 
 
-def _ended_by_memory(
+def _memory_ran_out(
     client: docker.DockerClient, container: Any, state: dict[str, Any], since: float
 ) -> bool:
-    """Whether the memory limit stopped the container (state: its State once stopped).
+    """Whether the container's memory limit struck since `since` (epoch seconds), for an
+    exec cut under its runner (state: the container's State after it).
 
-    State.OOMKilled is set only if Docker hears of the OOM before the exit; under gVisor
-    the exit can come first. Docker still logs the "oom" event: wait up to OOM_EVENT_SECONDS
-    for one since `since` (epoch seconds).
+    State.OOMKilled is set only if Docker hears of the OOM before the exit, and only when
+    the container stops. Under gVisor the exit can come first, or the OOM can kill a
+    sandbox process and cut the exec while the container runs on; Docker still logs an
+    "oom" event. Waits up to OOM_EVENT_SECONDS for one.
     """
     if state.get("OOMKilled"):
         return True
-    with docker_errors("reading the container's events"):
+    try:
         events = client.api.events(
             since=int(since) - 1,
             until=int(time.time()) + OOM_EVENT_SECONDS,
@@ -675,6 +677,8 @@ def _ended_by_memory(
             return next(iter(events), None) is not None
         finally:
             events.close()
+    except (docker.errors.DockerException, OSError):
+        return False  # the engine is busy or restarting: the exit is reported as it is
 
 
 def _strip(data: bytes, marker: bytes) -> tuple[bytes, bool]:
