@@ -57,6 +57,15 @@ def read_pages(toolset: Toolset, limit: int, **ref: str) -> list[dict[str, Any]]
     return [body for _, body in pages]
 
 
+def offloaded_pages(
+    harness: Harness, task_id: str, call_id: str, payload: str, limit: int = LIMIT
+) -> list[dict[str, Any]]:
+    """Offload payload as call_id in a new task, then read every page of it back."""
+    with harness.task(task_id) as task:
+        offload(task, call_id, payload)
+        return read_pages(Toolset(task), limit, artifact_id=call_id)
+
+
 def check_schema(schema: Any) -> None:
     """A JSON Schema object for a tool's arguments, checked by structure."""
     assert schema["type"] == "object"
@@ -162,10 +171,7 @@ def test_json_array_pages_reproduce_every_record(harness: Harness) -> None:
 def test_ndjson_pages_reproduce_every_line_as_a_record(harness: Harness) -> None:
     lines = [json.dumps({"n": i, "msg": "event " * (i % 50), "q": '"quoted"'}) for i in range(600)]
     payload = "\n".join(lines) + "\n"
-    with harness.task("nd") as task:
-        toolset = Toolset(task)
-        offload(task, "events", payload)
-        pages = read_pages(toolset, LIMIT, artifact_id="events")
+    pages = offloaded_pages(harness, "nd", "events", payload)
     assert len(pages) > 3
     assert [item for page in pages for item in page["items"]] == [json.loads(x) for x in lines]
     assert {p["unit"] for p in pages} == {"records"}
@@ -179,10 +185,7 @@ def test_text_pages_reproduce_the_bytes_at_line_boundaries(harness: Harness) -> 
         for i in range(2_000)
     ]
     payload = "".join(lines) + "no newline at the end"
-    with harness.task("txt") as task:
-        toolset = Toolset(task)
-        offload(task, "log", payload)
-        pages = read_pages(toolset, LIMIT, artifact_id="log")
+    pages = offloaded_pages(harness, "txt", "log", payload)
     assert len(pages) > 3
     assert "".join(p["text"] for p in pages).encode() == payload.encode()
     assert {p["unit"] for p in pages} == {"lines"}
@@ -200,10 +203,8 @@ def test_a_two_megabyte_one_line_json_object_is_paged_by_character_slices(home: 
     payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     assert len(payload.encode()) > 2_000_000 and "\n" not in payload
     # The default threshold, as a model would meet it: few pages of large slices.
-    with open_harness(home, per_call=6_000) as harness, harness.task("big") as task:
-        toolset = Toolset(task)
-        offload(task, "obj", payload)
-        pages = read_pages(toolset, 6_000, artifact_id="obj")
+    with open_harness(home, per_call=6_000) as harness:
+        pages = offloaded_pages(harness, "big", "obj", payload, limit=6_000)
     assert len(pages) > 10
     assert "".join(p["text"] for p in pages).encode() == payload.encode()
     assert all(p["partial"] for p in pages) and {p["unit"] for p in pages} == {"lines"}

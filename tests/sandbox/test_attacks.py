@@ -427,7 +427,9 @@ def test_an_oom_docker_records_after_the_exit_is_still_reported(
     assert result.oom_killed and not result.timed_out, result.stderr
 
 
-def test_a_query_beside_a_memory_hog_ends_when_the_hog_does(task: Task) -> None:
+def test_a_query_beside_a_memory_hog_is_answered_or_reported_stopped_not_timed_out(
+    task: Task,
+) -> None:
     # Under runc the memory limit kills the hog alone and the query (about 5 s) answers.
     # gVisor ends the whole sandbox and leaves the query's connection open: the host
     # notices the stop and reports it (or, had the connection ended, runs the read-only

@@ -435,14 +435,15 @@ class DockerBackend(SandboxBackend):
                 engine, response = self._query(storage, container, code, timeout)
             except ExecError:
                 # The engine died (daemon restart, deletion, OOM) between queries or under
-                # this one: one retry with a fresh engine; a query that kills its engine
-                # again fails for real. A query only reads, so running it again is safe.
-                try:
-                    engine, response = self._query(storage, container, code, timeout)
-                except ExecError:
-                    if _running(container, self.client):
-                        raise
-                    raise _SandboxStopped from None  # rerun in the restarted sandbox
+                # this one: one retry with a fresh engine. A query only reads, so running
+                # it again is safe.
+                engine, response = self._query(storage, container, code, timeout)
+        except ExecError:
+            # A query that kills its engine again fails for real, unless the container
+            # stopped under it: then it runs in the restarted sandbox.
+            if _running(container, self.client):
+                raise
+            raise _SandboxStopped from None
         except _SandboxDied as e:
             # As for a script: reported, not repeated; the next exec restarts the sandbox.
             self._forget(storage.task_id)
@@ -765,10 +766,11 @@ class _ExecStream:
         if not self._fill(8):
             return None
         size = struct.unpack(">I", self._pending[4:8])[0]
-        complete = self._fill(8 + size)
+        if not self._fill(8 + size):
+            return None
         kind, data = self._pending[0], bytes(self._pending[8 : 8 + size])
         del self._pending[: 8 + size]
-        return (kind, data) if complete else None
+        return kind, data
 
     def _fill(self, size: int) -> bool:
         """Receive until `size` bytes are pending; False at the end of the output."""
