@@ -1,4 +1,5 @@
-"""The provider adapters: one step's tool results in each API's shape, gated as one aggregate."""
+"""The provider adapters: one step's tool results in each API's shape, gated as one aggregate,
+and still valid messages of the provider SDKs' own types."""
 
 from __future__ import annotations
 
@@ -10,11 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from anthropic.types import MessageParam as AnthropicMessageParam
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.responses import ResponseInputItemParam
 
 from spillbox import Harness, Task, ToolResult, parse_notice
-from spillbox.adapters import add_tools, gate_anthropic, gate_chat_completions, gate_responses
+from spillbox.adapters import (
+    add_tools,
+    compact_history,
+    gate_anthropic,
+    gate_chat_completions,
+    gate_responses,
+)
 from spillbox.tokens import default_counter
 from spillbox.tools import Toolset
+from test_tools import SDK_TOOL_TYPES, assert_sdk_shape
 
 COUNTER = default_counter("cl100k_base")
 WORDS = "alpha beta gamma delta merge branch release fix parser docs test build".split()
@@ -302,3 +313,156 @@ def test_add_tools_adds_ours_once_and_keeps_the_users(task: Task) -> None:
     tools = add_tools(add_tools([anthropic_user], toolset, "anthropic"), toolset, "anthropic")
     assert [t["name"] for t in tools] == ["search", "read_artifact", "list_artifacts"]
     assert add_tools([], toolset, "responses") == toolset.definitions("responses")
+
+
+@pytest.mark.parametrize("fmt", ["openai", "responses", "anthropic"])
+def test_add_tools_gives_a_list_of_valid_sdk_tools(task: Task, fmt: str) -> None:
+    user = {
+        "openai": {"type": "function", "function": {"name": "list_prs", "parameters": {}}},
+        "responses": {"type": "function", "name": "list_prs", "parameters": {}, "strict": False},
+        "anthropic": {"name": "list_prs", "input_schema": {"type": "object"}},
+    }[fmt]
+    for tool in add_tools([user], Toolset(task), fmt):  # type: ignore[arg-type]
+        assert_sdk_shape(tool, SDK_TOOL_TYPES[fmt])
+
+
+# The provider SDKs' own message types: what the adapters give back is still a valid message
+
+
+SDK_MESSAGE_TYPES: dict[str, Any] = {
+    "chat": ChatCompletionMessageParam,
+    "responses": ResponseInputItemParam,
+    "anthropic": AnthropicMessageParam,
+}
+PNG_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def chat_step() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A Chat Completions step as a loop holds it: the history, then the tool messages."""
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for i, name in enumerate(["list_prs", "get_logs", "ping"])
+    ]
+    history = [
+        {"role": "system", "content": "You review pull requests."},
+        {"role": "user", "content": [{"type": "text", "text": "Who merged most?"}]},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+    ]
+    halves = [{"type": "text", "text": BIG[:20_000]}, {"type": "text", "text": BIG[20_000:]}]
+    results = [
+        {"role": "tool", "tool_call_id": "call_0", "content": BIG},
+        {"role": "tool", "tool_call_id": "call_1", "content": halves},
+        {"role": "tool", "tool_call_id": "call_2", "content": SMALL},
+    ]
+    return history, results
+
+
+def responses_step() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A Responses step: the input items so far, then the function_call_output items."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Who merged most?"}]
+    history += [
+        {"type": "function_call", "call_id": f"fc_{i}", "name": name, "arguments": "{}"}
+        for i, name in enumerate(["list_prs", "screenshot", "ping"])
+    ]
+    with_image = [
+        {"type": "input_text", "text": BIG[:30_000]},
+        {"type": "input_image", "image_url": PNG_URL, "detail": "auto"},
+        {"type": "input_text", "text": BIG[30_000:]},
+    ]
+    results = [
+        {"type": "function_call_output", "call_id": "fc_0", "output": BIG},
+        {"type": "function_call_output", "call_id": "fc_1", "output": with_image},
+        {"type": "function_call_output", "call_id": "fc_2", "output": SMALL},
+    ]
+    return history, results
+
+
+def anthropic_step() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An Anthropic step: the messages so far, then the user message of tool_result blocks."""
+    uses = [
+        {"type": "tool_use", "id": f"tu_{i}", "name": name, "input": {"state": "all"}}
+        for i, name in enumerate(["list_prs", "screenshot", "ping"])
+    ]
+    history = [
+        {"role": "user", "content": "Who merged most?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, *uses]},
+    ]
+    blocks = [
+        {"type": "tool_result", "tool_use_id": "tu_0", "content": BIG},
+        {
+            "type": "tool_result",
+            "tool_use_id": "tu_1",
+            "content": [
+                {"type": "text", "text": BIG[:30_000]},
+                IMAGE,
+                {"type": "text", "text": BIG[30_000:]},
+            ],
+        },
+        {"type": "tool_result", "tool_use_id": "tu_2", "content": "boom", "is_error": True},
+        {"type": "text", "text": "Here are the results."},
+    ]
+    return history, [{"role": "user", "content": blocks}]
+
+
+STEPS = {"chat": chat_step, "responses": responses_step, "anthropic": anthropic_step}
+ANSWERS: dict[str, dict[str, Any]] = {
+    "chat": {"role": "assistant", "content": "Alice merged most."},
+    "responses": {"role": "assistant", "content": "Alice merged most."},
+    "anthropic": {"role": "assistant", "content": [{"type": "text", "text": "Alice merged most."}]},
+}
+
+
+def assert_valid_messages(messages: list[dict[str, Any]], shape: str) -> None:
+    for message in messages:
+        assert_sdk_shape(message, SDK_MESSAGE_TYPES[shape])
+
+
+def notices_in(value: Any) -> int:
+    """How many notices stand in the messages, at any depth."""
+    if isinstance(value, str):
+        return int(parse_notice(value) is not None)
+    if isinstance(value, dict):
+        value = list(value.values())
+    return sum(notices_in(item) for item in value) if isinstance(value, list) else 0
+
+
+def images_in(value: Any) -> int:
+    if isinstance(value, dict):
+        own = int(value.get("type") in ("image", "input_image"))
+        return own + sum(images_in(item) for item in value.values())
+    return sum(images_in(item) for item in value) if isinstance(value, list) else 0
+
+
+@pytest.mark.parametrize("shape", list(STEPS))
+def test_gated_messages_are_valid_sdk_messages(task: Task, shape: str) -> None:
+    history, results = STEPS[shape]()
+    assert_valid_messages([*history, *results], shape)  # the input is real, to begin with
+    if shape == "chat":
+        gated = gate_chat_completions(task, results, history[-1]["tool_calls"])
+    elif shape == "responses":
+        gated = gate_responses(task, [*history, *results])[len(history) :]
+    else:
+        gated = [gate_anthropic(task, results[0], history[-1]["content"])]
+    assert_valid_messages([*history, *gated], shape)
+    # The big results became notices; the image stayed beside its notice.
+    assert notices_in(gated) == 2 and notices_in(results) == 0
+    assert images_in(gated) == images_in(results)
+
+
+def test_anthropic_blocks_gated_as_a_list_make_a_valid_user_message(task: Task) -> None:
+    history, [message] = anthropic_step()
+    blocks = gate_anthropic(task, message["content"], history[-1]["content"])
+    assert notices_in(blocks) == 2
+    assert_sdk_shape({"role": "user", "content": blocks}, AnthropicMessageParam)
+
+
+@pytest.mark.parametrize("shape", list(STEPS))
+def test_compacted_history_is_valid_sdk_messages(task: Task, shape: str) -> None:
+    history, results = STEPS[shape]()
+    _, later = STEPS[shape]()  # a second step whose results are the last ones: kept
+    conversation = [*history, *results, *later, ANSWERS[shape]]
+    assert_valid_messages(conversation, shape)
+    out = compact_history(task, conversation, keep_last=3, min_tokens=100)
+    assert_valid_messages(out, shape)
+    assert notices_in(out) == 2 and notices_in(conversation) == 0
+    assert images_in(out) == images_in(conversation)

@@ -1,16 +1,26 @@
-"""`spillbox offload`: files admitted as one step, printed as text or JSON lines."""
+"""`spillbox offload`: files admitted as one step, printed as text or JSON lines; and the top
+level: `spillbox --version`, and `spillbox --help` with a first command to try."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
+import shlex
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from spillbox.cli import main
+from spillbox import Harness
+from spillbox.cli import _parser, main
 from spillbox.notice import parse_notice
+
+ROOT = Path(__file__).resolve().parent.parent
+PR_ROWS = [{"id": i, "title": f"PR {i}", "body": "text of the change " * 40} for i in range(400)]
 
 JSON_KEYS = [
     "call_id",
@@ -37,13 +47,12 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
-    rows = [{"id": i, "title": f"PR {i}", "body": "text of the change " * 40} for i in range(400)]
     paths = {
         "big": tmp_path / "list_prs.json",
         "small": tmp_path / "echo.txt",
         "png": tmp_path / "image.png",
     }
-    paths["big"].write_text(json.dumps(rows, indent=2))
+    paths["big"].write_text(json.dumps(PR_ROWS, indent=2))
     paths["small"].write_text("hello from a tool")
     paths["png"].write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
     return paths
@@ -162,3 +171,94 @@ def test_a_missing_task_argument_is_a_usage_error(
         main(["offload", "--home", str(home), "--sandbox", "none", str(files["small"])])
     assert info.value.code != 0
     assert "--task" in capsys.readouterr().err
+
+
+# The top level: --version and --help
+
+
+def exits_with(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What main prints for argv, which exits 0 (as --version and --help do)."""
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    assert info.value.code == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    return captured.out
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    out = exits_with(capsys, "--version")
+    assert out == f"spillbox {importlib.metadata.version('spillbox')}\n"
+
+
+def test_the_installed_command_prints_the_version_of_pyproject() -> None:
+    spillbox = Path(sys.executable).with_name("spillbox")
+    done = subprocess.run(
+        [str(spillbox), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert done.stdout == f"spillbox {project['version']}\n"
+
+
+def first_try(help_text: str) -> list[list[str]]:
+    """The commands the help shows to try, each as its words."""
+    return [shlex.split(line) for line in help_text.splitlines() if line.startswith("  spillbox ")]
+
+
+def offload_as_the_help_shows(
+    capsys: pytest.CaptureFixture[str], folder: Path, monkeypatch: pytest.MonkeyPatch, *flags: str
+) -> list[str]:
+    """Runs the help's first command (with flags) on a large prs.json in folder; returns the
+    second command, to run next."""
+    offload_, exec_ = first_try(exits_with(capsys, "--help"))
+    monkeypatch.chdir(folder)
+    (folder / "prs.json").write_text(json.dumps(PR_ROWS))
+    assert main([*offload_[1:], *flags]) == 0
+    return exec_
+
+
+def test_help_says_what_spillbox_is_and_shows_a_first_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = exits_with(capsys, "--help")
+    usage, about = text.split("\n\n")[:2]
+    assert usage.startswith("usage: spillbox")
+    assert 2 <= len(about.splitlines()) <= 3
+    assert "tool results" in about and "context" in about and "sandbox" in about
+    commands = first_try(text)
+    assert [argv[:2] for argv in commands] == [["spillbox", "offload"], ["spillbox", "exec"]]
+    for argv in commands:  # each is a command line the parser takes as it is
+        args = _parser().parse_args(argv[1:])
+        assert args.task == "demo"
+    assert "--version" in text and "COMMAND" in text
+
+
+def test_the_first_command_names_the_table_the_second_one_queries(
+    capsys: pytest.CaptureFixture[str],
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exec_ = offload_as_the_help_shows(
+        capsys, tmp_path, monkeypatch, "--home", str(home), "--sandbox", "none"
+    )
+    fields = parse_notice(capsys.readouterr().out)
+    assert fields is not None, "a large JSON file is offloaded"
+    with Harness(sandbox="none", home=home, environ={}, gc_interval=-1) as harness:
+        [row] = harness.catalog.artifacts("demo")
+    # A JSON artifact is a table named after its artifact id.
+    assert f'FROM "{row.artifact_id}"' in exec_[-1]
+
+
+@pytest.mark.docker
+def test_the_first_commands_run_as_the_help_shows_them(
+    capsys: pytest.CaptureFixture[str],
+    docker_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exec_ = offload_as_the_help_shows(capsys, tmp_path, monkeypatch, "--home", str(docker_home))
+    capsys.readouterr()
+    assert main([*exec_[1:], "--home", str(docker_home)]) == 0
+    assert capsys.readouterr().out.split() == ["n", str(len(PR_ROWS))]

@@ -1,31 +1,38 @@
-"""The model-facing tools with sandbox="none": definitions, read_artifact paging and its
-cursors, list_artifacts, and the hints a notice prints once the tools are registered."""
+"""The model-facing tools with sandbox="none": definitions (checked against the provider
+SDKs' own types and OpenAI's strict mode), read_artifact paging and its cursors,
+list_artifacts, and the hints a notice prints once the tools are registered."""
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
 import re
 import stat
 import types
-from collections.abc import Iterator
+import typing
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typing_extensions
+from anthropic.types import ToolParam as AnthropicToolParam
+from openai.types.chat import ChatCompletionToolParam
+from openai.types.responses import FunctionToolParam
+from pydantic import TypeAdapter, ValidationError
 
 from conftest import read_all_pages
 from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
-from spillbox.codemode import LANGS
+from spillbox.codemode import DEFAULT_TIMEOUT, LANGS, ExecResult
 from spillbox.paging import CURSOR_TTL_SECONDS, SECRET_FILE
-from spillbox.tools import Toolset, ToolSpec
+from spillbox.tools import SPECS, Toolset, ToolSpec
 
 # Small enough that modest payloads offload and paging takes a few pages; large enough
 # that a page's JSON envelope (paths, cursor) leaves room for content.
 LIMIT = 1_500
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-JSON_TYPES = {"object", "string", "number", "integer", "boolean", "array", "null"}
 
 
 def open_harness(home: Path, per_call: int = LIMIT) -> Harness:
@@ -66,44 +73,182 @@ def offloaded_pages(
         return read_pages(Toolset(task), limit, artifact_id=call_id)
 
 
-def check_schema(schema: Any) -> None:
-    """A JSON Schema object for a tool's arguments, checked by structure."""
-    assert schema["type"] == "object"
-    properties = schema["properties"]
-    assert isinstance(properties, dict)
-    for name, prop in properties.items():
-        assert isinstance(name, str) and name
-        assert prop["type"] in JSON_TYPES
-        if "enum" in prop:
-            assert prop["enum"] and len(set(prop["enum"])) == len(prop["enum"])
-        if "description" in prop:
-            assert isinstance(prop["description"], str) and prop["description"]
-    required = schema.get("required", [])
-    assert set(required) <= set(properties), required
-    assert schema.get("additionalProperties") is False
+# The provider SDKs' own types
+
+
+SDK_TOOL_TYPES: dict[str, Any] = {
+    "openai": ChatCompletionToolParam,
+    "responses": FunctionToolParam,
+    "anthropic": AnthropicToolParam,
+}
+
+
+@functools.cache
+def adapter(sdk_type: Any) -> TypeAdapter[Any]:
+    # Kept alive on purpose: pydantic checks an Iterable's items only as it is consumed,
+    # and consuming one after its adapter is gone crashes pydantic-core.
+    return TypeAdapter(sdk_type)
+
+
+def assert_sdk_shape(value: Any, sdk_type: Any) -> None:
+    """value is what the provider SDK's type accepts: pydantic validates it (every Iterable
+    consumed, which is when pydantic checks its items), and at every level a TypedDict gets
+    all its required keys and no key it does not declare (pydantic lets those through)."""
+    consume(adapter(sdk_type).validate_python(value))
+    problems = shape_problems(value, sdk_type, "$")
+    assert not problems, problems
+
+
+def consume(value: Any) -> None:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple | Iterator):
+        for item in value:
+            consume(item)
+
+
+def shape_problems(value: Any, tp: Any, path: str) -> list[str]:
+    """Where value does not have the shape of tp: a key its TypedDict does not declare, a
+    required one missing, a literal or a class that does not match. Pydantic checks the
+    values; this checks the keys it lets by."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Annotated, typing.Required, typing.NotRequired):
+        return shape_problems(value, args[0], path)
+    if origin in (typing.Union, types.UnionType):
+        # The member value is meant as: the fewest problems with value itself (a string
+        # is not a list), then the fewest below it.
+        fits = [shape_problems(value, member, path) for member in args]
+        return min(
+            fits, key=lambda found: (sum(p.startswith(f"{path}:") for p in found), len(found))
+        )
+    if origin is typing.Literal:
+        return [] if value in args else [f"{path}: {value!r} is not one of {args}"]
+    if typing_extensions.is_typeddict(tp):
+        if not isinstance(value, dict):
+            return [f"{path}: not a {tp.__name__}"]
+        hints = typing_extensions.get_type_hints(tp, include_extras=True)
+        problems = [f"{path}.{key}: not a key of {tp.__name__}" for key in value.keys() - hints]
+        problems += [
+            f"{path}.{key}: required by {tp.__name__}" for key in required_keys(tp) - value.keys()
+        ]
+        for key in value.keys() & hints.keys():
+            problems += shape_problems(value[key], hints[key], f"{path}.{key}")
+        return problems
+    kind = origin or tp
+    if isinstance(kind, type) and issubclass(kind, Mapping):
+        return [] if isinstance(value, dict) else [f"{path}: not an object"]
+    if len(args) == 1:  # a list, Iterable or Sequence of one type
+        if not isinstance(value, list):
+            return [f"{path}: not a list"]
+        return [
+            p for i, item in enumerate(value) for p in shape_problems(item, args[0], f"{path}[{i}]")
+        ]
+    if tp in (typing.Any, object) or not isinstance(tp, type):
+        return []
+    # A class: str, None, or one of the SDK's response models (a request holds dicts).
+    if not isinstance(value, (int, float) if tp is float else tp):
+        return [f"{path}: not a {tp.__name__}"]
+    return []
+
+
+def required_keys(tp: Any) -> set[str]:
+    """A TypedDict's required keys. Its __required_keys__ cannot tell: the SDKs write
+    Required[...] in annotations that `from __future__ import annotations` leaves as
+    strings, so the keys are read from the resolved hints."""
+    return {
+        key
+        for key, hint in typing_extensions.get_type_hints(tp, include_extras=True).items()
+        if typing.get_origin(hint) is typing.Required
+        or (tp.__total__ and typing.get_origin(hint) is not typing.NotRequired)
+    }
+
+
+# OpenAI's strict mode, from its Structured Outputs guide ("Supported schemas"): the root is
+# an object, not anyOf; every object sets additionalProperties: false and lists every
+# property in required (an optional one is nullable instead); at most 10 levels of nesting
+# and 5,000 properties; only a subset of JSON Schema. This checker allows only the keywords
+# below (not default, format, pattern, minimum/maximum, min/maxLength, allOf, oneOf, not,
+# if/then/else, patternProperties: unsupported, or not on every model): a constraint goes
+# into the description. Add a keyword only after checking that guide.
+STRICT_KEYWORDS = {
+    "type", "description", "enum", "properties", "required", "additionalProperties",
+    "items", "anyOf",
+}  # fmt: skip
+STRICT_MAX_DEPTH = 10
+STRICT_MAX_PROPERTIES = 5_000
+JSON_TYPES = {"object": dict, "string": str, "number": (int, float), "integer": int,
+              "boolean": bool, "array": list, "null": type(None)}  # fmt: skip
+
+
+def assert_strict(schema: Any) -> None:
+    """A tool's parameters are valid under OpenAI's strict mode, at every level."""
+    assert schema.get("type") == "object" and "anyOf" not in schema, "the root is an object"
+    count = check_strict(schema, "$", depth=1)
     json.dumps(schema)  # serialisable as sent
+    assert count <= STRICT_MAX_PROPERTIES
+
+
+def check_strict(schema: Any, path: str, depth: int) -> int:
+    """Asserts the strict rules on schema and below; returns how many properties it has."""
+    assert isinstance(schema, dict), f"{path}: a schema is an object"
+    assert depth <= STRICT_MAX_DEPTH, f"{path}: nested deeper than {STRICT_MAX_DEPTH}"
+    unsupported = set(schema) - STRICT_KEYWORDS
+    assert not unsupported, f"{path}: keywords outside strict mode's subset: {unsupported}"
+    if "description" in schema:
+        assert isinstance(schema["description"], str) and schema["description"], path
+    if "anyOf" in schema:
+        assert "type" not in schema, f"{path}: anyOf and type together"
+        return sum(
+            check_strict(option, f"{path}.anyOf[{i}]", depth)
+            for i, option in enumerate(schema["anyOf"])
+        )
+    kinds = schema.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    assert kinds and set(kinds) <= set(JSON_TYPES) and len(set(kinds)) == len(kinds), path
+    if "enum" in schema:
+        values = schema["enum"]
+        assert values and len({json.dumps(v) for v in values}) == len(values), path
+        allowed = tuple(JSON_TYPES[kind] for kind in kinds)
+        assert all(isinstance(v, allowed) for v in values), f"{path}: enum outside its type"
+        assert ("null" in kinds) == (None in values), f"{path}: a nullable enum lists null"
+    count = 0
+    if "object" in kinds:
+        properties = schema.get("properties")
+        assert isinstance(properties, dict), f"{path}: an object lists its properties"
+        assert schema.get("additionalProperties") is False, f"{path}: additionalProperties"
+        required = schema.get("required")
+        assert isinstance(required, list) and len(set(required)) == len(required), path
+        assert set(required) == set(properties), f"{path}: every property is required"
+        count += len(properties)
+        for name, prop in properties.items():
+            assert isinstance(name, str) and name, path
+            count += check_strict(prop, f"{path}.{name}", depth + 1)
+    else:
+        assert not {"properties", "required", "additionalProperties"} & set(schema), path
+    if "array" in kinds:
+        count += check_strict(schema.get("items"), f"{path}[]", depth + 1)
+    else:
+        assert "items" not in schema, path
+    return count
 
 
 def check_definitions(definitions: list[dict[str, Any]], fmt: str) -> list[str]:
-    """Checks every definition's shape for fmt; returns the tool names, in order."""
+    """Checks every definition against the SDK's type for fmt and strict mode; returns the
+    tool names, in order."""
     names = []
     for definition in definitions:
+        assert_sdk_shape(definition, SDK_TOOL_TYPES[fmt])
         if fmt == "openai":
-            assert set(definition) == {"type", "function"}
-            assert definition["type"] == "function"
-            inner = definition["function"]
-            assert set(inner) == {"name", "description", "parameters"}
-            schema = inner["parameters"]
+            inner, schema = definition["function"], definition["function"]["parameters"]
         elif fmt == "responses":
-            assert set(definition) == {"type", "name", "description", "parameters"}
-            assert definition["type"] == "function"
             inner, schema = definition, definition["parameters"]
         else:
-            assert set(definition) == {"name", "description", "input_schema"}
             inner, schema = definition, definition["input_schema"]
+        if fmt != "anthropic":
+            assert inner["strict"] is True
         assert NAME.match(inner["name"]), inner["name"]
         assert isinstance(inner["description"], str) and len(inner["description"]) > 20
-        check_schema(schema)
+        assert_strict(schema)
         names.append(inner["name"])
     return names
 
@@ -123,12 +268,25 @@ def test_definitions_are_valid_in_every_shape_and_name_only_available_tools(
     assert task.tools == frozenset(names)
 
 
+def nullable(spec: ToolSpec) -> set[str]:
+    """The spec's optional arguments: the ones a null may stand for."""
+    return {
+        name
+        for name, prop in spec.parameters["properties"].items()
+        if "null" in (prop.get("type") or ())
+        or any(option.get("type") == "null" for option in prop.get("anyOf", ()))
+    }
+
+
 def test_read_artifact_schema_offers_path_artifact_id_and_cursor(harness: Harness) -> None:
     with harness.task("defs") as task:
         [read] = [s for s in Toolset(task).specs() if s.name == "read_artifact"]
     assert isinstance(read, ToolSpec)
     assert set(read.parameters["properties"]) == {"path", "artifact_id", "cursor"}
-    assert read.parameters.get("required", []) == []  # path or artifact_id, checked at call
+    # Strict mode lists them all as required; each is nullable: path or artifact_id is
+    # checked at the call.
+    assert read.parameters["required"] == ["path", "artifact_id", "cursor"]
+    assert nullable(read) == {"path", "artifact_id", "cursor"}
 
 
 def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
@@ -140,8 +298,185 @@ def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
             names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
             assert names == ["sandbox_exec", "read_artifact", "list_artifacts"]
         [spec] = [s for s in toolset.specs() if s.name == "sandbox_exec"]
-        assert spec.parameters["required"] == ["lang", "code"]
+        assert spec.parameters["required"] == ["lang", "code", "artifact", "timeout"]
+        assert nullable(spec) == {"artifact", "timeout"}
         assert spec.parameters["properties"]["lang"]["enum"] == list(LANGS)
+
+
+def test_every_tool_is_strict_in_the_cli_and_the_toolset_alike() -> None:
+    for spec in SPECS.values():
+        assert spec.strict
+        assert_strict(spec.parameters)
+        for fmt in ("openai", "responses", "anthropic"):
+            check_definitions([spec.definition(fmt)], fmt)  # type: ignore[arg-type]
+
+
+def test_a_users_tool_is_sent_as_not_strict() -> None:
+    # A user's schema need not follow strict mode: saying "strict": true for it would get
+    # the request rejected, and leaving "strict" out of a Responses tool makes it strict.
+    spec = ToolSpec("list_prs", "List the PRs.", {"type": "object", "properties": {}})
+    chat, responses = spec.definition("openai"), spec.definition("responses")
+    assert chat["function"]["strict"] is False and responses["strict"] is False
+    assert_sdk_shape(chat, ChatCompletionToolParam)
+    assert_sdk_shape(responses, FunctionToolParam)
+    assert_sdk_shape(spec.definition("anthropic"), AnthropicToolParam)
+
+
+def strict_schema() -> dict[str, Any]:
+    """A schema valid under strict mode, with a nested object and an array, to break."""
+    return {
+        "type": "object",
+        "properties": {
+            "q": {"type": "string", "description": "The query."},
+            "limit": {"type": ["integer", "null"]},
+            "mode": {"type": ["string", "null"], "enum": ["fast", "exact", None]},
+            "filter": {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
+                "required": ["tags"],
+                "additionalProperties": False,
+            },
+            "since": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+        "required": ["q", "limit", "mode", "filter", "since"],
+        "additionalProperties": False,
+    }
+
+
+def test_the_strict_checker_accepts_a_strict_schema() -> None:
+    assert_strict(strict_schema())
+
+
+@pytest.mark.parametrize(
+    ("why", "path", "value"),
+    [
+        ("optional, not required", ("required",), ["q", "limit", "mode", "filter"]),
+        ("extra properties allowed", ("additionalProperties",), True),
+        ("nested extras allowed", ("properties", "filter", "additionalProperties"), True),
+        ("nested optional", ("properties", "filter", "required"), []),
+        ("a default", ("properties", "limit", "default"), 10),
+        ("a bound", ("properties", "limit", "minimum"), 1),
+        ("a format", ("properties", "q", "format"), "date-time"),
+        ("a pattern", ("properties", "q", "pattern"), "^a"),
+        ("oneOf", ("properties", "since", "oneOf"), [{"type": "string"}]),
+        ("nullable enum without null", ("properties", "mode", "enum"), ["fast", "exact"]),
+        ("an unknown type", ("properties", "q", "type"), "str"),
+        ("an array without items", ("properties", "filter", "properties", "tags", "items"), None),
+        ("anyOf at the root", ("anyOf",), [{"type": "object"}]),
+    ],
+)
+def test_the_strict_checker_rejects_what_strict_mode_rejects(
+    why: str, path: tuple[str, ...], value: Any
+) -> None:
+    schema = strict_schema()
+    holder = functools.reduce(lambda node, key: node[key], path[:-1], schema)
+    if value is None:
+        del holder[path[-1]]
+    else:
+        holder[path[-1]] = value
+    with pytest.raises(AssertionError):
+        assert_strict(schema)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "change"),
+    [
+        ("openai", lambda d: d.update(strict=True)),  # strict belongs inside function
+        ("openai", lambda d: d["function"].update(input_schema={})),
+        ("openai", lambda d: d["function"].pop("name")),
+        ("responses", lambda d: d.pop("strict")),  # required by FunctionToolParam
+        ("responses", lambda d: d.update(function={})),
+        ("responses", lambda d: d.update(type="tool")),
+        ("anthropic", lambda d: d.update(parameters=d.pop("input_schema"))),
+        ("anthropic", lambda d: d.update(name=None)),
+        ("anthropic", lambda d: d.update(cache_control={"type": "ephemeral", "when": 1})),
+    ],
+)
+def test_the_sdk_check_rejects_what_the_sdk_types_reject(fmt: str, change: Any) -> None:
+    definition = SPECS["read_artifact"].definition(fmt)  # type: ignore[arg-type]
+    assert_sdk_shape(definition, SDK_TOOL_TYPES[fmt])
+    change(definition)
+    with pytest.raises((AssertionError, ValidationError)):
+        assert_sdk_shape(definition, SDK_TOOL_TYPES[fmt])
+
+
+def exec_recorder(calls: list[dict[str, Any]]) -> Any:
+    """A stand-in for Task.exec (no Docker here) that records how the tool called it."""
+
+    def exec_(lang: str, code: str, timeout: float = -1, artifact: str | None = None) -> Any:
+        calls.append({"lang": lang, "code": code, "timeout": timeout, "artifact": artifact})
+        return ExecResult(0, "42\n", "", False, None, False, False)
+
+    return exec_
+
+
+# Calls that together leave out every optional argument of every tool at least once.
+CALLS: dict[str, list[dict[str, Any]]] = {
+    "sandbox_exec": [
+        {"lang": "sql", "code": 'SELECT count(*) FROM "c1"'},
+        {"lang": "jq", "code": "length", "timeout": 5},
+        {"lang": "jq", "code": "length", "artifact": "c1"},
+    ],
+    "read_artifact": [
+        {"artifact_id": "c1"},
+        {"path": "c1.txt"},
+        {"artifact_id": "c1", "cursor": "CURSOR"},
+        {"path": "c1.txt", "cursor": "CURSOR"},
+    ],
+    "list_artifacts": [{}],
+}
+
+
+def test_null_means_not_given_for_every_optional_argument(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.backend.languages = LANGS
+    with harness.task("nulls") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", big_text())
+        cursor = first_cursor(toolset, "c1")
+        calls: list[dict[str, Any]] = []
+        monkeypatch.setattr(task, "exec", exec_recorder(calls))
+        assert set(CALLS) == set(toolset.names)
+        for name, given in CALLS.items():
+            optional = nullable(SPECS[name])
+            left_out = set().union(*(optional - set(args) for args in given))
+            assert left_out == optional, f"{name}: no call leaves out {optional - left_out}"
+            for args in given:
+                args = {k: cursor if v == "CURSOR" else v for k, v in args.items()}
+                # As strict mode sends them: every argument, null for the ones not given.
+                nulls = {**args, **dict.fromkeys(optional - set(args))}
+                absent, null = toolset.call(name, args), toolset.call(name, nulls)
+                assert not absent.is_error and not null.is_error, (args, null.text)
+                if name == "read_artifact":  # a next_cursor's expiry second may tick
+                    assert without_cursor(null.text) == without_cursor(absent.text)
+                else:
+                    assert null == absent
+        # sandbox_exec ran with the same arguments both ways, defaults where none was given.
+        assert calls[0] == calls[1] == {
+            "lang": "sql", "code": 'SELECT count(*) FROM "c1"', "timeout": DEFAULT_TIMEOUT,
+            "artifact": None,
+        }  # fmt: skip
+        assert calls[2] == calls[3] and calls[2]["timeout"] == 5
+        assert calls[4] == calls[5] and calls[4]["artifact"] == "c1"
+
+
+def test_a_required_argument_given_as_null_is_missing(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness.backend.languages = LANGS
+    with harness.task("nulls") as task:
+        toolset = Toolset(task)
+        calls: list[dict[str, Any]] = []
+        monkeypatch.setattr(task, "exec", exec_recorder(calls))
+        output = toolset.call(
+            "sandbox_exec", {"lang": None, "code": "SELECT 1", "artifact": None, "timeout": None}
+        )
+    assert output.is_error and calls == []
+    assert (
+        json.loads(output.text)["error"]
+        == "bad arguments for sandbox_exec: missing argument(s) lang"
+    )
 
 
 # read_artifact: paging reproduces the payload exactly, each page under the threshold

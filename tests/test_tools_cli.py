@@ -13,6 +13,7 @@ import pytest
 from spillbox import Harness, ToolResult
 from spillbox.cli import main
 from spillbox.codemode import LANGS
+from test_tools import check_definitions
 
 
 @pytest.fixture(autouse=True)
@@ -48,9 +49,8 @@ def test_tools_prints_the_definitions(
         "read_artifact",
         "list_artifacts",
     ]
-    for definition in definitions:
-        schema = schema_of(definition)  # type: ignore[operator]
-        assert schema["type"] == "object" and isinstance(schema["properties"], dict)
+    # Valid as the provider SDK's own type, and strict, as printed.
+    assert check_definitions(definitions, fmt) == [name_of(d) for d in definitions]  # type: ignore[operator]
     assert schema_of(definitions[0])["properties"]["lang"]["enum"] == list(LANGS)  # type: ignore[operator]
     code, out, _ = run_cli(capsys, "tools", "--format", fmt, "--sandbox", "none")
     assert [name_of(d) for d in json.loads(out)] == ["read_artifact", "list_artifacts"]  # type: ignore[operator]

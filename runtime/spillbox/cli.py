@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
@@ -36,8 +37,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+ABOUT = """\
+spillbox keeps large tool results out of an agent's context: a result over the token
+limit is stored in the task's Docker sandbox, and the model gets a short notice instead,
+from which it queries the result (SQL, jq, Python, sh) or reads it page by page."""
+
+FIRST_STEPS = """\
+a first try, with a large JSON file (the sandbox needs Docker):
+  spillbox offload --task demo prs.json
+  spillbox exec --task demo --lang sql 'SELECT count(*) AS n FROM "prs.json"'"""
+
+
+def _version() -> str:
+    """The installed version, as the package metadata says."""
+    try:
+        return importlib.metadata.version("spillbox")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spillbox", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="spillbox",
+        description=ABOUT,
+        epilog=FIRST_STEPS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"spillbox {_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     common = argparse.ArgumentParser(add_help=False)

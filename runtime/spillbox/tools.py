@@ -35,11 +35,21 @@ Format = Literal["openai", "responses", "anthropic"]
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """One tool: its name, what it is for, and its arguments as JSON Schema."""
+    """One tool: its name, what it is for, and its arguments as JSON Schema.
+
+    >>> spec = ToolSpec("ping", "Is the service up?", {"type": "object"})
+    >>> spec.definition("responses")["strict"]
+    False
+    """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
+    strict: bool = False
+    """True when parameters follow OpenAI's strict-mode rules (every property required,
+    optional ones nullable, no additional properties): the OpenAI shapes then say
+    "strict": true and the API holds the model's arguments to the schema. spillbox's own
+    tools are strict; a user's tool is sent as not strict unless it says so."""
 
     def definition(self, fmt: Format) -> dict[str, Any]:
         """The tool in a provider's shape."""
@@ -50,14 +60,18 @@ class ToolSpec:
                     "name": self.name,
                     "description": self.description,
                     "parameters": dict(self.parameters),
+                    "strict": self.strict,
                 },
             }
         if fmt == "responses":
+            # The Responses API makes a schema strict when "strict" is left out: a tool that
+            # is not strict has to say so.
             return {
                 "type": "function",
                 "name": self.name,
                 "description": self.description,
                 "parameters": dict(self.parameters),
+                "strict": self.strict,
             }
         return {
             "name": self.name,
@@ -66,6 +80,14 @@ class ToolSpec:
         }
 
 
+def _optional(kind: str, description: str) -> dict[str, Any]:
+    """An optional argument as strict mode has it: always sent, null when not given."""
+    return {"type": [kind, "null"], "description": description}
+
+
+# Strict mode (OpenAI): every property is listed in required, an optional one is nullable
+# and a null means "not given"; no object takes additional properties; no keyword outside
+# strict mode's subset (defaults and bounds are said in descriptions instead).
 SPECS: dict[str, ToolSpec] = {
     SANDBOX_EXEC: ToolSpec(
         SANDBOX_EXEC,
@@ -80,18 +102,16 @@ SPECS: dict[str, ToolSpec] = {
             "properties": {
                 "lang": {"type": "string", "enum": list(LANGS)},
                 "code": {"type": "string", "description": "The script (for jq: the filter)."},
-                "artifact": {
-                    "type": "string",
-                    "description": "For jq: the artifact id or path to run the filter over.",
-                },
-                "timeout": {
-                    "type": "number",
-                    "description": f"Seconds (default {DEFAULT_TIMEOUT:g}).",
-                },
+                "artifact": _optional(
+                    "string",
+                    "For jq: the artifact id or path to run the filter over; null otherwise.",
+                ),
+                "timeout": _optional("number", f"Seconds; null for {DEFAULT_TIMEOUT:g}."),
             },
-            "required": ["lang", "code"],
+            "required": ["lang", "code", "artifact", "timeout"],
             "additionalProperties": False,
         },
+        strict=True,
     ),
     READ_ARTIFACT: ToolSpec(
         READ_ARTIFACT,
@@ -101,17 +121,22 @@ SPECS: dict[str, ToolSpec] = {
         {
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "The path a notice shows."},
-                "artifact_id": {"type": "string"},
-                "cursor": {"type": "string", "description": "next_cursor of the previous page."},
+                "path": _optional("string", "The path a notice shows; null to use artifact_id."),
+                "artifact_id": _optional("string", "The artifact's id; null to use path."),
+                "cursor": _optional(
+                    "string", "next_cursor of the previous page; null for the first page."
+                ),
             },
+            "required": ["path", "artifact_id", "cursor"],
             "additionalProperties": False,
         },
+        strict=True,
     ),
     LIST_ARTIFACTS: ToolSpec(
         LIST_ARTIFACTS,
         "List this task's offloaded artifacts: id, path, tool, bytes, tokens.",
-        {"type": "object", "properties": {}, "additionalProperties": False},
+        {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+        strict=True,
     ),
 }
 
@@ -157,6 +182,7 @@ class Toolset:
                 raise TypeError("arguments must be a JSON object")
             if name not in self.names:
                 return _error(f"unknown tool {name!r}: available are {', '.join(self.names)}")
+            args = _arguments(SPECS[name], args)
             if name == SANDBOX_EXEC:
                 return self._exec(args)
             if name == READ_ARTIFACT:
@@ -168,7 +194,6 @@ class Toolset:
             return _error(f"bad arguments for {name}: {e}")
 
     def _exec(self, args: dict[str, Any]) -> ToolOutput:
-        _only(args, {"lang", "code", "artifact", "timeout"})
         result = self.task.exec(
             args["lang"],
             str(args["code"]),
@@ -185,7 +210,6 @@ class Toolset:
         return ToolOutput(json.dumps(body, ensure_ascii=False), is_error=result.exit_code != 0)
 
     def _read(self, args: dict[str, Any]) -> ToolOutput:
-        _only(args, {"path", "artifact_id", "cursor"})
         ref = args.get("artifact_id") or args.get("path")
         if not ref:
             raise ValueError("give path (as a notice shows it) or artifact_id")
@@ -279,10 +303,28 @@ def _kind(name: str) -> str:
     return {"json": "json_array", "ndjson": "ndjson"}.get(extension, "text")
 
 
-def _only(args: Mapping[str, Any], allowed: set[str]) -> None:
-    unknown = set(args) - allowed
+def _arguments(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments, checked against the spec's names; a null is an argument not given
+    (under strict mode the model sends every argument, null for the ones it leaves out)."""
+    properties: Mapping[str, Any] = spec.parameters.get("properties", {})
+    unknown = set(given) - set(properties)
     if unknown:
         raise ValueError(f"unknown argument(s) {', '.join(sorted(unknown))}")
+    args = {name: value for name, value in given.items() if value is not None}
+    missing = [
+        name
+        for name in spec.parameters.get("required", ())
+        if name not in args and not _nullable(properties[name])
+    ]
+    if missing:
+        raise ValueError(f"missing argument(s) {', '.join(missing)}")
+    return args
+
+
+def _nullable(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type", ())
+    kinds = [kind] if isinstance(kind, str) else list(kind)
+    return "null" in kinds or any(_nullable(option) for option in schema.get("anyOf", ()))
 
 
 def _error(message: str) -> ToolOutput:
