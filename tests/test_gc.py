@@ -90,7 +90,7 @@ def test_dry_run_lists_everything_and_removes_nothing(harness: Harness, clock: C
     assert [r.artifact_id for r in task.artifacts()] == ["c1"]
     assert spillbox_gc.collect(harness, dry_run=True, grace=0) == would
     assert kinds(spillbox_gc.collect(harness, grace=0)) == kinds(would)
-    assert files_under(home) == ["tasks/t1/task-id"]
+    assert files_under(home) == ["tasks/t1/open.lock", "tasks/t1/task-id"]
     assert spillbox_gc.collect(harness, grace=0) == [], "a second run finds nothing"
     assert spillbox_gc.collect(harness, dry_run=True, grace=0) == []
 
@@ -169,7 +169,9 @@ def test_two_collectors_in_threads_remove_each_thing_once(home: Path, clock: Clo
         for t in range(3):
             assert harness.catalog.artifacts(f"t{t}") == []
             assert list(harness.task(f"t{t}").storage.offload.iterdir()) == []
-    assert files_under(home) == [f"tasks/t{t}/task-id" for t in range(3)]
+    assert files_under(home) == [
+        f"tasks/t{t}/{name}" for t in range(3) for name in ("open.lock", "task-id")
+    ]
 
 
 def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
@@ -201,7 +203,9 @@ def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
     with make_harness(home) as harness:
         assert all(harness.catalog.artifacts(f"t{t}") == [] for t in range(4))
         assert harness.gc() == []
-    assert files_under(home) == [f"tasks/t{t}/task-id" for t in range(4)]
+    assert files_under(home) == [
+        f"tasks/t{t}/{name}" for t in range(4) for name in ("open.lock", "task-id")
+    ]
 
 
 def test_gc_runs_when_a_harness_starts(home: Path, clock: Clock) -> None:

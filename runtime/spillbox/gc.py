@@ -11,11 +11,19 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spillbox.sandbox.storage import INCOMING_DIR, TASK_ID_FILE, TASKS_DIR, TaskStorage, exclusive
+from spillbox.sandbox.storage import (
+    INCOMING_DIR,
+    TASK_ID_FILE,
+    TASKS_DIR,
+    TaskStorage,
+    exclusive,
+    unless_open,
+)
 
 if TYPE_CHECKING:
     from spillbox.harness import Harness
@@ -49,23 +57,43 @@ def collect(harness: Harness, dry_run: bool = False, grace: float = GRACE_SECOND
             if not dry_run:
                 harness.delete_artifact(row, by="ttl")
         for task in catalog.tasks(("closed",)):
-            if task.delete_after is not None and task.delete_after <= now:
-                reason = "keep_after_close"
-            elif task.delete_after is None and not catalog.artifacts(task.task_id):
-                reason = "expired"  # kept until its artifacts expire: they have
-            else:
+            if _past_keep(harness, task.task_id, now) is None:
                 continue
-            removed.append(Removal("task", task.task_id, task.task_id, reason))
-            if not dry_run:
-                harness.remove(task.task_id, by=reason)
+            # Decided again under the task's open lock: a process may be re-opening it.
+            with unless_open(harness.backend.storage(task.task_id)) as nobody_has_it:
+                reason = _past_keep(harness, task.task_id, now) if nobody_has_it else None
+                if reason is None:
+                    continue
+                removed.append(Removal("task", task.task_id, task.task_id, reason))
+                if not dry_run:
+                    harness.remove(task.task_id, by=reason)
         known = {task.task_id for task in catalog.tasks()}
         # A closed task keeps its storage until retention says otherwise, but needs no
-        # container: reopening it starts a new one over the same payloads.
+        # container: reopening it starts a new one over the same payloads. A container is
+        # removed only under its task's open lock, with no process holding the task open.
         running = {task.task_id for task in catalog.tasks(("open",))}
-        for what in harness.backend.sweep(running, dry_run):
+
+        def unused(task_id: str) -> AbstractContextManager[bool]:
+            if task_id in running:
+                return nullcontext(False)
+            return unless_open(harness.backend.storage(task_id))
+
+        for what in harness.backend.sweep(unused, dry_run):
             removed.append(Removal("container", "", what, "task closed, unknown or deleted"))
         removed.extend(_sweep_storage(harness, known, dry_run, now - grace))
     return removed
+
+
+def _past_keep(harness: Harness, task_id: str, now: float) -> str | None:
+    """Why a closed task is due for deletion now, or None if it is not (or not closed)."""
+    task = harness.catalog.task(task_id)
+    if task is None or task.state != "closed":
+        return None
+    if task.delete_after is not None and task.delete_after <= now:
+        return "keep_after_close"
+    if task.delete_after is None and not harness.catalog.artifacts(task_id):
+        return "expired"  # kept until its artifacts expire: they have
+    return None
 
 
 def _sweep_storage(

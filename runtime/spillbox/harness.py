@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -33,10 +34,12 @@ from spillbox.retention import Retention, redact
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import (
     CLOCK_SLACK_SECONDS,
+    OpenHold,
     Staged,
     StoredFile,
     TaskStorage,
     safe_name,
+    unless_open,
 )
 from spillbox.tokens import TokenCount, TokenCounter, default_counter, total
 from spillbox.tools import tool_hints
@@ -136,6 +139,9 @@ class Harness(_ClosedOnExit):
         self.counter = counter or default_counter(settings.policy.encoding)
         self.catalog = Catalog(settings.home)
         self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home, options)
+        self._holds: dict[str, tuple[OpenHold, int]] = {}
+        """The open hold of each task this harness has open, with how many Task objects share it."""
+        self._holds_lock = threading.Lock()
         self._stop = threading.Event()
         self._collector: threading.Thread | None = None
         if settings.gc_interval >= 0:
@@ -143,10 +149,15 @@ class Harness(_ClosedOnExit):
             self._collector.start()
 
     def close(self) -> None:
-        """Let go of connections, engines and the collector; tasks and sandboxes stay."""
+        """Let go of connections, engines, open holds and the collector; tasks and sandboxes
+        stay (a task left open stays open in the catalog)."""
         self._stop.set()
         if self._collector is not None:
             self._collector.join()
+        with self._holds_lock:
+            holds, self._holds = self._holds, {}
+        for hold, _ in holds.values():
+            hold.release()
         self.backend.close()
         self.catalog.close()
 
@@ -208,6 +219,24 @@ class Harness(_ClosedOnExit):
         """Remove what retention says must go, and anything orphaned; idempotent."""
         return gc.collect(self, dry_run=dry_run)
 
+    def _hold(self, storage: TaskStorage) -> None:
+        """Hold the task open (one shared lock per harness and task, counted)."""
+        with self._holds_lock:
+            hold, count = self._holds.get(storage.task_id) or (None, 0)
+            if hold is None:
+                hold = OpenHold(storage, lambda: self.backend.create(storage))
+            self._holds[storage.task_id] = (hold, count + 1)
+
+    def _let_go(self, task_id: str) -> None:
+        with self._holds_lock:
+            hold, count = self._holds.pop(task_id, (None, 0))
+            if hold is None:
+                return  # the harness was closed: it let go of every hold
+            if count > 1:
+                self._holds[task_id] = (hold, count - 1)
+            else:
+                hold.release()
+
     def _collect_periodically(self) -> None:
         while True:
             try:
@@ -244,12 +273,16 @@ class Task(_ClosedOnExit):
         self.retention = retention
         self.storage: TaskStorage = harness.backend.storage(task_id)
         self._lock = threading.Lock()
-        self._open = open_task
         self.tools: frozenset[str] = frozenset()
         """spillbox's model-facing tools registered on this task (see tools.Toolset)."""
+        self._hold: weakref.finalize[..., Any] | None = None
+        """Lets go of this object's share of the task's open hold (when closed or dropped)."""
         if open_task:
+            # Held before the catalog says open, so a collector that finds the task closed
+            # and no holder cannot remove its sandbox while it is being opened.
+            harness._hold(self.storage)
+            self._hold = weakref.finalize(self, harness._let_go, task_id)
             catalog.open_task(task_id, retention.to_json())
-            harness.backend.create(self.storage)
 
     def admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate)."""
@@ -385,19 +418,33 @@ class Task(_ClosedOnExit):
     def close(self, delete: bool = False) -> None:
         """End the task.
 
-        delete=True removes it now: container, storage and unpinned artifacts. Otherwise
-        the policy's keep_after_close decides: 0 deletes now, N seconds lets garbage
-        collection delete it then, None keeps it until its artifacts expire. A restarted
+        delete=True removes it now: container, storage and unpinned artifacts, whoever else
+        has it open. Otherwise, if another process (or Task object) still has the task open,
+        it stays open for them; the last to close applies the policy's keep_after_close:
+        0 deletes now, N seconds lets garbage collection delete it then, None keeps it until
+        its artifacts expire. A restarted
         harness re-attaches to a kept task's container by label.
         """
-        if not self._open and not delete:
-            return  # opened by Harness.existing: nothing to close
-        keep = self.retention.keep_after_close
-        if delete or keep == 0:
-            self.harness.remove(self.id, by="manual" if delete else "keep_after_close")
+        hold, self._hold = self._hold, None
+        if hold is None and not delete:
+            return  # opened by Harness.existing, or closed already: nothing to close
+        if delete:
+            self.harness.remove(self.id, by="manual")
+            if hold is not None:
+                hold()
             return
         self.harness.backend.release(self.storage)
-        self.harness.catalog.close_task(self.id, None if keep is None else time.time() + keep)
+        if hold is not None:
+            hold()
+        keep = self.retention.keep_after_close
+        with unless_open(self.storage) as last:
+            if not last:
+                return  # another process (or Task object) still has it open: it stays open
+            if keep == 0:
+                self.harness.remove(self.id, by="keep_after_close")
+            else:
+                deadline = None if keep is None else time.time() + keep
+                self.harness.catalog.close_task(self.id, deadline)
 
     def _make_room(self, size: int) -> None:
         """Enforce the quota before a new payload is stored: evict, or refuse."""

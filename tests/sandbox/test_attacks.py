@@ -285,6 +285,37 @@ print(json.dumps(out))
     assert (again.exit_code, again.text.split()) == (0, ["n", "400"])
 
 
+ENGINE_PROBE = """
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+for what, act in (
+    ("connect", lambda: s.connect("/sandbox/cache/engine.sock")),
+    ("replace", lambda: os.rename("/tmp", "/sandbox/cache/engine.sock")),
+    ("plant", lambda: socket.socket(socket.AF_UNIX).bind("/sandbox/cache/other.sock")),
+    ("read tables", lambda: open("/sandbox/cache/tables.duckdb", "rb").read(1)),
+    ("read log", lambda: open("/sandbox/cache/engine.log", "rb").read(1)),
+):
+    try:
+        act()
+        print(what, "done")
+    except OSError as e:
+        print(what, e.errno)
+"""
+
+
+def test_a_script_cannot_reach_or_replace_the_sql_engine(task: Task) -> None:
+    """Every process of the task queries through the one engine's socket: a script that
+    could talk to it, or put its own in its place, could answer other processes' queries."""
+    task.admit([ToolResult(call_id="c1", tool="t", content=payload("c1"))])
+    assert task.exec("sql", 'SELECT count(*) AS n FROM "c1"').exit_code == 0  # engine is up
+    result = task.exec("python", ENGINE_PROBE)
+    assert result.exit_code == 0, result.stderr
+    lines = result.text.splitlines()
+    assert len(lines) == 5 and not [line for line in lines if line.endswith("done")], lines
+    again = task.exec("sql", 'SELECT count(*) AS n FROM "c1"')
+    assert (again.exit_code, again.text.split()) == (0, ["n", "400"])
+
+
 def test_one_task_cannot_reach_another_tasks_payload(harness: Harness) -> None:
     marker = f"BRAVO-SECRET-{uuid.uuid4().hex}"
     alpha, bravo = harness.task("alpha"), harness.task("bravo")

@@ -8,6 +8,8 @@ chosen in one place (spillbox.sandbox.make_backend).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,8 +92,11 @@ class SandboxBackend(ABC):
         storage.clear_cache()
         storage.remove_derived(sha256, size, since)
 
-    def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
-        """Remove sandboxes of this home whose task is not in keep; what was (or would be)."""
+    def sweep(
+        self, unused: Callable[[str], AbstractContextManager[bool]], dry_run: bool
+    ) -> list[str]:
+        """Remove the sandboxes of this home whose task is unused: each is removed inside
+        `with unused(task_id) as yes:` when yes. Returns what was (or would be) removed."""
         return []
 
     def list(self) -> list[str]:

@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -70,6 +70,8 @@ OOM_MARKER = b"\x1espillbox:oom_killed\n"
 END_MARKER = b"\x1espillbox:end\n"
 """run.sh's last stderr line: a script's runner that ended by itself, in a live sandbox."""
 CREATE_ATTEMPTS = 5
+REMOVAL_SECONDS = 30.0
+"""How long a container that is being removed may take to go, before a new one replaces it."""
 STOPPED_NOTE = b"spillbox: the sandbox stopped while the script ran; the next exec restarts it\n"
 EXEC_NOT_STARTED = 126
 """The exit code of an exec the runtime could not start (e.g. a stopped gVisor sandbox)."""
@@ -208,10 +210,8 @@ class DockerBackend(SandboxBackend):
                 with docker_errors("removing an outdated container"):
                     container.remove(force=True)
                 continue
-            if container.status != "running":
-                with docker_errors(f"starting container {name}"):
-                    container.start()
-                    container.reload()
+            if container.status != "running" and not self._start(container):
+                continue  # removed (by a collector, or from outside) as we started it
             self._running[storage.task_id] = container
             return container
         ensure_image(self.client)
@@ -274,12 +274,34 @@ class DockerBackend(SandboxBackend):
             except docker.errors.NotFound:
                 time.sleep(0.2)
                 continue
-            if container.status != "running":
-                container.start()
-            return container
+            if container.status == "running" or self._start(container):
+                return container
         raise SandboxError(
             f"Docker kept refusing the container name {name}: remove it with `docker rm -f {name}`"
         )
+
+    def _start(self, container: Any) -> bool:
+        """Start a stopped container; False if it was removed, or is being removed, under us
+        (the caller then creates a new one: the payloads are on the host)."""
+        with docker_errors(f"starting container {container.name}"):
+            try:
+                container.start()
+                container.reload()
+                return True
+            except docker.errors.NotFound:
+                return False
+            except docker.errors.APIError:
+                # "marked for removal and cannot be started" (409 or 500 by engine version):
+                # wait for the removal to finish, then report it gone.
+                deadline = time.monotonic() + REMOVAL_SECONDS
+                while (state := _state(container, self.client)).get("Status") in (
+                    "removing",
+                    "dead",
+                ) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if not state:
+                    return False
+                raise
 
     def _ready(self, storage: TaskStorage) -> Any:
         self.warm(storage)
@@ -537,19 +559,22 @@ class DockerBackend(SandboxBackend):
                         raise  # it stopped since it was listed: nothing is left to delete
         super().forget_derived(storage, sha256, size, since)
 
-    def sweep(self, keep: set[str], dry_run: bool) -> list[str]:
+    def sweep(
+        self, unused: Callable[[str], AbstractContextManager[bool]], dry_run: bool
+    ) -> list[str]:
         removed = []
         with docker_errors("sweeping containers"):
             for container in self._containers({}):
                 task_id = container.labels.get(LABEL_TASK, "")
-                if task_id in keep:
-                    continue
-                removed.append(f"{container.name} (task {task_id})")
-                if not dry_run:
-                    try:
-                        container.remove(force=True, v=True)
-                    except docker.errors.NotFound:
-                        pass  # another collector got there first
+                with unused(task_id) as yes:
+                    if not yes:
+                        continue
+                    removed.append(f"{container.name} (task {task_id})")
+                    if not dry_run:
+                        try:
+                            container.remove(force=True, v=True)
+                        except docker.errors.NotFound:
+                            pass  # another collector got there first
         return removed
 
     def _containers(self, labels: dict[str, str]) -> list[Any]:

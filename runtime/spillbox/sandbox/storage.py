@@ -7,6 +7,7 @@ Layout under the spillbox home:
     tasks/<task>/cache/                     derived copies (query engine tables)
     tasks/<task>/.incoming/                 temp files; linked into offload/ when complete
     tasks/<task>/quota.lock                 held while a quota decision is made and recorded
+    tasks/<task>/open.lock                  held (shared) by every process that has the task open
 
 Any id is safe: names are derived so that no id (long, with slashes, '..', unicode) can
 leave the task's folder or exceed a filename limit.
@@ -22,7 +23,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ def _encode_id(ident: str) -> bytes:
 
 
 QUOTA_LOCK_FILE = "quota.lock"
+OPEN_LOCK_FILE = "open.lock"
 CLOCK_SLACK_SECONDS = 1.0
 """File times come from the kernel's coarse clock, a few ms behind time.time(): a file
 written just after a payload was recorded may carry a time just before it."""
@@ -78,6 +80,54 @@ def exclusive(lock_file: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+class OpenHold:
+    """A shared lock on a task's open.lock, held for as long as one Task object has the task
+    open. Every process (and every Task object) holds its own; the kernel lets them go when a
+    process dies, so a crashed worker never keeps a task open."""
+
+    def __init__(self, storage: TaskStorage, prepare: Callable[[], None]) -> None:
+        """prepare makes the task's folders (and may be called again if they vanish)."""
+        lock_file = storage.root / OPEN_LOCK_FILE
+        while True:
+            prepare()
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                if os.stat(lock_file).st_ino == os.fstat(fd).st_ino:
+                    self._fd: int | None = fd
+                    return
+            except FileNotFoundError:
+                pass
+            # The task was deleted while we waited (its folder with it): open it afresh.
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@contextmanager
+def unless_open(storage: TaskStorage) -> Iterator[bool]:
+    """True while no process has the task open, and none can open it until the block ends;
+    False (at once, without waiting) while one has it open. For what removes a task's
+    sandbox or storage behind its users' backs: garbage collection, and the last close."""
+    try:
+        fd = os.open(storage.root / OPEN_LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield True  # never opened since its storage was made: nobody holds it
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 PARALLEL_HASH_BYTES = 1024 * 1024

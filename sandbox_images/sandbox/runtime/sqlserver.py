@@ -1,43 +1,175 @@
-"""The task's SQL engine: one long-lived DuckDB process inside the sandbox.
+"""The task's SQL engine: one long-lived DuckDB process per sandbox, shared by every host
+process that queries the task.
 
-Runs as its own uid (not the scripts' uid, so scripts cannot signal or ptrace it) and
-answers one JSON request per stdin line with one JSON line on stdout. It stays up
-between queries, so a payload is parsed once into a table in /sandbox/cache and every
-later query answers from that table in milliseconds, instead of re-parsing the JSON
-(400 ms for 40 MB) and re-importing duckdb (260 ms) each time.
+Runs as its own uid (not the scripts' uid, so scripts can neither signal it nor reach its
+socket) and keeps each artifact loaded as a table in /sandbox/cache, so a payload is parsed
+once per task and every later query answers from the table in milliseconds, instead of
+re-parsing the JSON (400 ms for 40 MB) and re-importing duckdb (260 ms) each time.
+
+One file, two roles:
+
+    python3 sqlserver.py          the relay: what a host process execs. It forwards request
+                                  lines from stdin to the engine over a Unix socket and the
+                                  answers back to stdout, and starts the engine (under a lock,
+                                  so only once) when none answers. It does not import duckdb.
+    python3 sqlserver.py serve    the engine: one thread and one DuckDB connection per relay,
+                                  so one process's long query does not hold up another's.
 
 Request:  {"sql": "...", "timeout": 30, "max_bytes": 33554432}
 Response: {"exit_code": 0, "stdout": "csv...", "stderr": "", "timed_out": false,
            "truncated": false, "pid": 123}
 
-Model-written SQL is hostile: file access is limited to /sandbox/offload (read) and
-/sandbox/work, and the configuration is locked before any request runs.
+Model-written SQL is hostile. File access is limited to /sandbox/offload (read) and
+/sandbox/work, and the configuration is locked before any request runs. SQL only reads:
+statements that can only write (CREATE, DROP, INSERT, ATTACH, SET, ...) are refused with a
+clear error, and every query runs in a transaction that is rolled back, so a write that
+hides inside a SELECT (a DELETE in a WITH clause) changes nothing either, and a query that
+runs twice (the host retries one whose engine died) has the same effect as once.
+
+A query that reads an offloaded file by its path (read_json_auto('/sandbox/offload/c1.json'),
+or the quoted path as a table) is rewritten to the artifact's table, using DuckDB's own
+parser to find where, so it answers at the table's speed and with the same rows.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
+import re
+import socket
+import subprocess
 import sys
 import threading
+import time
+from typing import TYPE_CHECKING
 
-import duckdb
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 OFFLOAD = "/sandbox/offload"
 WORK = "/sandbox/work"
-DATABASE = "/sandbox/cache/tables.duckdb"
+CACHE = "/sandbox/cache"
+DATABASE = f"{CACHE}/tables.duckdb"
+SOCKET = f"{CACHE}/engine.sock"
+START_LOCK = f"{CACHE}/engine.lock"
+ENGINE_LOG = f"{CACHE}/engine.log"
 LOADED = "_spillbox_loaded"
 READERS = {
     "json": "read_json_auto('{path}', maximum_object_size=67108864)",
     "ndjson": "read_json_auto('{path}', format='newline_delimited')",
     "csv": "read_csv_auto('{path}')",
 }
+PATH_READERS = {
+    "json": {"read_json_auto", "read_json"},
+    "ndjson": {"read_json_auto", "read_json", "read_ndjson_auto", "read_ndjson"},
+    "csv": {"read_csv_auto", "read_csv"},
+}
+"""The table functions that, given only an artifact's path, read it as its table holds it."""
+SAME_AS_TABLE_OPTIONS = {"maximum_object_size", "sample_size", "auto_detect"}
+"""Options that do not change what those functions read (beyond letting it load)."""
+READING_STATEMENTS = {"SELECT", "EXPLAIN", "COPY", "PRAGMA", "CALL"}
+"""Statement kinds SQL may run (COPY writes only files, under /sandbox/work); the rest can
+only change the database and are refused."""
 FETCH_ROWS = 2048
+START_SECONDS = 60.0
+"""How long a relay waits for an engine it started to answer."""
+CHECK_SECONDS = 5.0
+"""How often an idle engine checks that its socket is still its own (the host deletes the
+cache when an artifact is deleted; an engine nobody can reach then exits)."""
+NOWHERE = (1 << 64) - 1
+"""DuckDB's query_location for a node that has none."""
 
 
-def connect() -> duckdb.DuckDBPyConnection:
+class Refused(Exception):
+    """A query that SQL in spillbox does not run."""
+
+
+# The relay
+
+
+def relay() -> int:
+    try:
+        engine = _connect_or_start()
+    except (OSError, RuntimeError) as e:
+        sys.stderr.write(f"the SQL engine could not start: {e}\n")
+        return 1
+    answers = engine.makefile("rb")
+    for line in sys.stdin.buffer:
+        try:
+            engine.sendall(line)
+            answer = answers.readline()
+        except OSError:
+            answer = b""
+        if not answer.endswith(b"\n"):
+            sys.stderr.write(f"the SQL engine stopped: {_log_tail()}\n")
+            return 1
+        sys.stdout.buffer.write(answer)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _connect() -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(SOCKET)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _connect_or_start() -> socket.socket:
+    try:
+        return _connect()
+    except OSError:
+        pass
+    os.umask(0o077)
+    # One relay starts the engine; the others wait on the lock, then find it answering.
+    with open(START_LOCK, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            return _connect()
+        except OSError:
+            pass
+        with open(ENGINE_LOG, "wb") as log:
+            engine = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "serve"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # not in the relay's group: it outlives the relay
+            )
+        deadline = time.monotonic() + START_SECONDS
+        while True:
+            try:
+                return _connect()
+            except OSError:
+                if engine.poll() is not None:
+                    raise RuntimeError(_log_tail()) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no answer within {START_SECONDS:.0f} s") from None
+                time.sleep(0.005)
+
+
+def _log_tail() -> str:
+    try:
+        with open(ENGINE_LOG, "rb") as log:
+            lines = log.read()[-4096:].decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1] if lines else "no error message"
+
+
+# The engine
+
+
+def serve() -> None:
+    import duckdb
+
+    os.umask(0o077)  # tables, log and socket: the engine's uid only
     con = duckdb.connect(DATABASE)
     con.execute(f"SET allowed_directories=['{OFFLOAD}/', '{WORK}/']")
     con.execute("SET enable_external_access=false")
@@ -46,32 +178,104 @@ def connect() -> duckdb.DuckDBPyConnection:
     con.execute(f"SET threads={max(os.cpu_count() or 1, 1)}")
     con.execute("SET lock_configuration=true")
     con.execute(f"CREATE TABLE IF NOT EXISTS {LOADED} (name VARCHAR PRIMARY KEY, stamp VARCHAR)")
-    return con
+    loader = Loader()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = f"{SOCKET}.{os.getpid()}"
+    if os.path.exists(staging):
+        os.unlink(staging)
+    listener.bind(staging)
+    listener.listen(64)
+    os.rename(staging, SOCKET)  # a relay connects only to an engine that listens
+    ours = os.stat(SOCKET).st_ino
+    listener.settimeout(CHECK_SECONDS)
+    while True:
+        try:
+            client, _ = listener.accept()
+        except TimeoutError:
+            try:
+                if os.stat(SOCKET).st_ino == ours:
+                    continue
+            except OSError:
+                pass
+            return  # the cache was cleared or another engine took over: nobody can reach us
+        client.settimeout(None)
+        threading.Thread(
+            target=answer, args=(con.cursor(), client, loader), daemon=True
+        ).start()
+
+
+def answer(cursor: DuckDBPyConnection, client: socket.socket, loader: Loader) -> None:
+    """Answer one relay's requests, in order, on its own connection."""
+    with client:
+        try:
+            for line in client.makefile("rb"):
+                try:
+                    response = run(cursor, loader, json.loads(line))
+                except (ValueError, KeyError, TypeError) as e:
+                    response = {"exit_code": 2, "stdout": "", "stderr": f"bad request: {e}"}
+                response["pid"] = os.getpid()
+                client.sendall((json.dumps(response) + "\n").encode("utf-8"))
+        except OSError:
+            pass  # the relay went away (its host process ended): its query is moot
+        finally:
+            cursor.close()
+
+
+class Loader:
+    """Loads each artifact a query names as a table, once per task: a query that needs an
+    artifact being loaded waits for that load, not for the loads of others."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def load(self, cursor: DuckDBPyConnection, sql: str) -> list[str]:
+        """Load what sql names (by artifact id) and is not loaded yet; return load errors."""
+        import duckdb
+
+        errors = []
+        for name in sorted(os.listdir(OFFLOAD)):
+            stem, _, ext = name.rpartition(".")
+            if ext not in READERS or stem not in sql:
+                continue
+            with self._guard:
+                lock = self._locks.setdefault(stem, threading.Lock())
+            with lock:
+                try:
+                    self._load(cursor, stem, name, ext)
+                except duckdb.InterruptException:
+                    raise  # past the query's timeout: reported as such
+                except duckdb.Error as e:
+                    errors.append(f"artifact {stem} could not be loaded as a table: {e}")
+                except FileNotFoundError:
+                    pass  # deleted since it was listed: the query says what is missing
+        return errors
+
+    def _load(self, cursor: DuckDBPyConnection, stem: str, name: str, ext: str) -> None:
+        info = os.stat(os.path.join(OFFLOAD, name))
+        stamp = f"{info.st_size}:{info.st_mtime_ns}"
+        found = cursor.execute(
+            f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]
+        ).fetchone()
+        if found is not None and found[0] == stamp:
+            return
+        reader = READERS[ext].format(path=os.path.join(OFFLOAD, name).replace("'", "''"))
+        cursor.execute("BEGIN TRANSACTION")
+        try:
+            cursor.execute(
+                f"CREATE OR REPLACE TABLE {quote(stem)} AS SELECT * FROM {reader}"
+            )
+            cursor.execute(
+                f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp]
+            )
+            cursor.execute("COMMIT")
+        except BaseException:
+            cursor.execute("ROLLBACK")
+            raise
 
 
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def load_tables(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
-    """Load each artifact the query names (by id) as a table, once; return load errors."""
-    errors = []
-    loaded = dict(con.execute(f"SELECT name, stamp FROM {LOADED}").fetchall())
-    for name in sorted(os.listdir(OFFLOAD)):
-        stem, _, ext = name.rpartition(".")
-        if ext not in READERS or stem not in sql:
-            continue
-        info = os.stat(os.path.join(OFFLOAD, name))
-        stamp = f"{info.st_size}:{info.st_mtime_ns}"
-        if loaded.get(stem) == stamp:
-            continue
-        reader = READERS[ext].format(path=os.path.join(OFFLOAD, name).replace("'", "''"))
-        try:
-            con.execute(f"CREATE OR REPLACE TABLE {quote(stem)} AS SELECT * FROM {reader}")
-            con.execute(f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp])
-        except duckdb.Error as e:
-            errors.append(f"artifact {stem} could not be loaded as a table: {e}")
-    return errors
 
 
 def cell(value: object) -> object:
@@ -80,28 +284,143 @@ def cell(value: object) -> object:
     return value
 
 
-def run(con: duckdb.DuckDBPyConnection, request: dict[str, object]) -> dict[str, object]:
+def check(cursor: DuckDBPyConnection, sql: str) -> None:
+    """Refuse a query with a statement that can only write (Refused says which)."""
+    for statement in cursor.extract_statements(sql):
+        kind = statement.type.name
+        if kind == "EXPLAIN":
+            inner = re.sub(r"(?is)^\s*explain\s+(analy[sz]e\s+)?", "", statement.query)
+            if inner != statement.query:
+                check(cursor, inner)
+                continue
+        if kind not in READING_STATEMENTS:
+            raise Refused(
+                f"{kind} statements are refused: SQL here only reads, and artifact tables "
+                "cannot be changed. Use WITH ... AS (...) for intermediate results, COPY "
+                "(SELECT ...) TO '/sandbox/work/x.parquet' to keep one, or python (duckdb) "
+                "for scratch tables"
+            )
+
+
+def rewrite_paths(cursor: DuckDBPyConnection, sql: str) -> str:
+    """sql with every read of an offloaded file by its path replaced by the artifact's
+    table, where the table holds exactly what that read returns."""
+    if f"{OFFLOAD}/" not in sql:
+        return sql
+    found = cursor.execute(
+        "SELECT json_serialize_sql(?)", [sql]
+    ).fetchone()
+    tree = json.loads(found[0])
+    if tree.get("error"):
+        return sql  # not only SELECTs: run as written
+    edits: list[tuple[int, int, str]] = []
+    _collect_edits(tree, edits)
+    if not edits:
+        return sql
+    data = sql.encode("utf-8")
+    for start, length, text in sorted(edits, reverse=True):
+        data = data[:start] + text.encode("utf-8") + data[start + length :]
+    return data.decode("utf-8")
+
+
+def _collect_edits(node: object, edits: list[tuple[int, int, str]]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _collect_edits(item, edits)
+        return
+    if not isinstance(node, dict):
+        return
+    edit = _table_for(node)
+    if edit is not None:
+        edits.append(edit)
+        return
+    for value in node.values():
+        _collect_edits(value, edits)
+
+
+def _table_for(node: dict[str, object]) -> tuple[int, int, str] | None:
+    """The edit that turns this FROM item into its artifact's table, if it is a plain read
+    of an offloaded file: (byte offset, byte length, replacement)."""
+    kind = node.get("type")
+    start, length = node.get("query_location"), node.get("query_location_length")
+    if kind not in ("TABLE_FUNCTION", "BASE_TABLE") or start in (None, NOWHERE) or not length:
+        return None
+    alias = str(node.get("alias") or "")
+    if kind == "BASE_TABLE":
+        if node.get("schema_name") or node.get("catalog_name"):
+            return None
+        table = _artifact_table(str(node.get("table_name")), None)
+        default_alias = None
+    else:
+        function = node.get("function")
+        if not isinstance(function, dict):
+            return None
+        name = str(function.get("function_name"))
+        path = None
+        for argument in function.get("arguments") or []:
+            expression = argument.get("expression") or {}
+            literal = expression.get("literal") or {}
+            if not argument.get("name") and path is None and literal.get("kind") == "STRING":
+                path = str(literal.get("text"))
+            elif argument.get("name") not in SAME_AS_TABLE_OPTIONS:
+                return None
+        if path is None:
+            return None
+        table = _artifact_table(path, name)
+        default_alias = name  # what the columns were qualified by: keep it
+    if table is None:
+        return None
+    alias = alias or default_alias or ""
+    return int(start), int(length), quote(table) + (f" AS {quote(alias)}" if alias else "")
+
+
+def _artifact_table(path: str, function: str | None) -> str | None:
+    """The table of the artifact at path, if `function` (None: the path as a table) reads
+    it as the table holds it."""
+    folder, _, name = path.rpartition("/")
+    stem, _, ext = name.rpartition(".")
+    if folder != OFFLOAD or ext not in READERS or not os.path.isfile(path):
+        return None
+    if function is not None and function not in PATH_READERS[ext]:
+        return None
+    return stem
+
+
+def run(cursor: DuckDBPyConnection, loader: Loader, request: dict[str, object]) -> dict[str, object]:
+    import duckdb
+
     sql = str(request["sql"])
-    max_bytes = int(request.get("max_bytes", 32 * 1024 * 1024))  # type: ignore[call-overload]
-    timer = threading.Timer(float(request.get("timeout", 30)), con.interrupt)  # type: ignore[arg-type]
+    max_bytes = int(request.get("max_bytes", 32 * 1024 * 1024))
+    timer = threading.Timer(float(request.get("timeout", 30)), cursor.interrupt)
     out = io.StringIO()
     stderr: list[str] = []
     exit_code, timed_out, truncated = 0, False, False
     timer.start()
     try:
-        stderr.extend(load_tables(con, sql))
-        result = con.execute(sql)
-        if result.description:
-            writer = csv.writer(out, lineterminator="\n")
-            writer.writerow([column[0] for column in result.description])
-            while rows := result.fetchmany(FETCH_ROWS):
-                writer.writerows([cell(v) for v in row] for row in rows)
-                if out.tell() > max_bytes:
-                    truncated = True
-                    stderr.append(
-                        f"output over {max_bytes} bytes was cut: aggregate, filter or add LIMIT"
-                    )
-                    break
+        check(cursor, sql)
+        sql = rewrite_paths(cursor, sql)
+        stderr.extend(loader.load(cursor, sql))
+        cursor.execute("BEGIN TRANSACTION")
+        try:
+            result = cursor.execute(sql)
+            if result.description:
+                writer = csv.writer(out, lineterminator="\n")
+                writer.writerow([column[0] for column in result.description])
+                while rows := result.fetchmany(FETCH_ROWS):
+                    writer.writerows([cell(v) for v in row] for row in rows)
+                    if out.tell() > max_bytes:
+                        truncated = True
+                        stderr.append(
+                            f"output over {max_bytes} bytes was cut: aggregate, filter or add "
+                            "LIMIT"
+                        )
+                        break
+        finally:
+            timer.cancel()
+            cursor.execute("ROLLBACK")
+    except Refused as e:
+        exit_code = 1
+        stderr.append(str(e))
     except duckdb.InterruptException:
         exit_code, timed_out = 124, True
         stderr.append("query interrupted: it ran past its timeout")
@@ -116,25 +435,11 @@ def run(con: duckdb.DuckDBPyConnection, request: dict[str, object]) -> dict[str,
         "stderr": "\n".join(stderr),
         "timed_out": timed_out,
         "truncated": truncated,
-        "pid": os.getpid(),
     }
 
 
-def main() -> None:
-    con = connect()
-    for line in sys.stdin:
-        try:
-            response = run(con, json.loads(line))
-        except (ValueError, KeyError, TypeError) as e:
-            response = {
-                "exit_code": 2,
-                "stdout": "",
-                "stderr": f"bad request: {e}",
-                "pid": os.getpid(),
-            }
-        sys.stdout.write(json.dumps(response) + "\n")
-        sys.stdout.flush()
-
-
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["serve"]:
+        serve()
+    else:
+        sys.exit(relay())
