@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox.config import Policy
-from spillbox.gate import WITHHELD, Decision, Offload, ToolResult, admit
-from spillbox.tokens import TokenCount, TokenCounter, default_counter
+from spillbox.gate import WITHHELD, Decision, Offload, admit
+from spillbox.tokens import TokenCounter, default_counter
+from spillbox.types import TokenCount, ToolResult
 
 
 class FakeStore:

@@ -22,8 +22,8 @@ from spillbox.notice import (
     parse_notice,
     render,
 )
-from spillbox.profile import Shape
-from spillbox.tokens import TokenCount, default_counter
+from spillbox.tokens import default_counter
+from spillbox.types import Shape, TokenCount
 
 MAX_TOKENS = 400
 PREVIEW = 100

@@ -10,14 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox.notice import describe
-from spillbox.profile import (
-    EXTENSIONS,
-    PROFILE_BUDGET_BYTES,
-    Shape,
-    _loaded_shape,
-    _streamed_shape,
-    profile,
-)
+from spillbox.profile import PROFILE_BUDGET_BYTES, _loaded_shape, _streamed_shape, profile
+from spillbox.types import EXTENSIONS, Shape
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00"
 

@@ -25,9 +25,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from conftest import read_all_pages
 from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
-from spillbox.codemode import DEFAULT_TIMEOUT, LANGS, ExecResult
+from spillbox.codemode import DEFAULT_TIMEOUT
 from spillbox.paging import CURSOR_TTL_SECONDS, SECRET_FILE
 from spillbox.tools import SPECS, Toolset, ToolSpec
+from spillbox.types import LANGS, ExecResult
 
 # Small enough that modest payloads offload and paging takes a few pages; large enough
 # that a page's JSON envelope (paths, cursor) leaves room for content.

@@ -12,7 +12,7 @@ import pytest
 
 from spillbox import Harness, ToolResult
 from spillbox.cli import main
-from spillbox.codemode import LANGS
+from spillbox.types import LANGS
 from test_tools import check_definitions
 
 

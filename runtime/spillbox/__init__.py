@@ -13,7 +13,6 @@ from spillbox.adapters import (
     gate_chat_completions,
     gate_responses,
 )
-from spillbox.codemode import ExecResult, Lang
 from spillbox.config import Policy, Settings
 from spillbox.errors import (
     ConfigError,
@@ -23,14 +22,14 @@ from spillbox.errors import (
     SpillboxError,
     StorageError,
 )
-from spillbox.gate import Reason, ToolResult
-from spillbox.harness import Admitted, Artifact, Harness, Task
+from spillbox.harness import Harness, Task
 from spillbox.loop import LoopResult, ScriptedModel, ToolCall, Turn, UserTool
 from spillbox.loop import run as run_loop
 from spillbox.notice import parse_notice
 from spillbox.retention import Retention
-from spillbox.tokens import TiktokenCounter, TokenCount, TokenCounter
+from spillbox.tokens import TiktokenCounter, TokenCounter
 from spillbox.tools import ToolOutput, Toolset, ToolSpec
+from spillbox.types import Admitted, Artifact, ExecResult, Lang, Reason, TokenCount, ToolResult
 
 __all__ = [
     "Admitted",

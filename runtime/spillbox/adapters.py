@@ -18,10 +18,10 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from spillbox.gate import ToolResult
 from spillbox.notice import parse_notice
 from spillbox.tokens import count_within
 from spillbox.tools import READ_ARTIFACT, Format, Toolset
+from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.harness import Task

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from spillbox.catalog import ArtifactRow
-from spillbox.codemode import LANGS
 from spillbox.config import SandboxKind
 from spillbox.errors import ConfigError, SpillboxError
-from spillbox.gate import ToolResult
-from spillbox.harness import Admitted, Harness, Task
+from spillbox.harness import Harness, Task
 from spillbox.retention import Retention
 from spillbox.tools import SANDBOX_EXEC, SPECS, TOOL_NAMES, Toolset
+from spillbox.types import LANGS, Admitted, ToolResult
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,18 +11,17 @@ has jq and the usual tools.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 from spillbox.errors import ExecError
-from spillbox.gate import ToolResult
 from spillbox.notice import Hint
+from spillbox.types import LANGS, ExecResult, ToolResult
 
 if TYPE_CHECKING:
-    from spillbox.harness import Admitted, Artifact, Task
+    from spillbox.harness import Task
+    from spillbox.types import Admitted, Artifact
 
-Lang = Literal["sql", "jq", "python", "sh"]
-LANGS: tuple[str, ...] = get_args(Lang)
+
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
 STDERR_HEAD_CHARS = 2_000
@@ -30,25 +29,6 @@ STDERR_TAIL_CHARS = 2_000
 
 TABLE_SHAPES = ("json_array", "json_object", "ndjson", "csv")
 """Shapes that the SQL engine loads as a table named after the artifact."""
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """What a script did, as the model sees it."""
-
-    exit_code: int
-    text: str
-    """The script's stdout after the gate: inline, or the notice of a new artifact."""
-    stderr: str
-    """The script's stderr, bounded: its head and its tail (where errors usually are)."""
-    offloaded: bool
-    artifact: Artifact | None
-    timed_out: bool
-    oom_killed: bool
-
-    @property
-    def path(self) -> str | None:
-        return self.artifact.path if self.artifact else None
 
 
 def run(

@@ -19,56 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from spillbox.config import Policy
-from spillbox.tokens import TokenCount, TokenCounter, count_within, total
-
-Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld"]
+from spillbox.tokens import TokenCounter, count_within, total
+from spillbox.types import Artifact, Reason, TokenCount, ToolResult
 
 WITHHELD = (
     "[spillbox] result withheld: this step's results are over the {limit}-token limit "
     "for one step. Nothing is lost: repeat this call, with the same arguments, in a "
     "later step."
 )
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """One tool call's result, as the tool returned it.
-
-    >>> ToolResult(call_id="c1", tool="list_prs", content='[{"id": 1}]').is_error
-    False
-    """
-
-    call_id: str
-    tool: str
-    content: str | bytes
-    is_error: bool = False
-    offloadable: bool = True
-    """False: the aggregate rule withholds the result instead of offloading it (a page
-    read back from an artifact: already bounded, and offloading it would loop)."""
-
-    def payload(self) -> tuple[bytes, str | None]:
-        """The bytes to store, and the text they are (None if they are not text).
-
-        Text is valid UTF-8 without NUL: no JSON, CSV or log holds a raw NUL, while
-        binary formats (tar, NUL-padded headers) can be valid UTF-8 by chance, and a NUL
-        in context is refused by some model APIs. A str is stored as its UTF-8 encoding;
-        one with lone surrogates (not encodable) keeps them via surrogatepass and is then
-        handled as the non-UTF-8 bytes it is.
-        """
-        if isinstance(self.content, bytes):
-            try:
-                data, text = self.content, self.content.decode("utf-8")
-            except UnicodeDecodeError:
-                return self.content, None
-        else:
-            try:
-                data, text = self.content.encode("utf-8"), self.content
-            except UnicodeEncodeError:
-                return self.content.encode("utf-8", "surrogatepass"), None
-        return data, None if "\0" in text else text
 
 
 @dataclass(frozen=True)
@@ -82,7 +42,7 @@ class Offload:
     tokens: TokenCount | None
 
 
-OffloadFn = Callable[[Offload], tuple[object, str, int]]
+OffloadFn = Callable[[Offload], tuple[Artifact, str, int]]
 """Stores one result; returns (artifact, notice text, the notice's tokens)."""
 
 
@@ -98,7 +58,7 @@ class Decision:
     tokens: TokenCount | None
     """Tokens of the whole result (None for binary)."""
     reason: Reason | None
-    artifact: object | None
+    artifact: Artifact | None
 
 
 def admit(

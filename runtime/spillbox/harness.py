@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -27,9 +27,9 @@ from spillbox import codemode, gc
 from spillbox.catalog import ArtifactRow, Catalog
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
-from spillbox.gate import Offload, Reason, ToolResult, admit
+from spillbox.gate import Offload, admit
 from spillbox.notice import NoticeFacts, render
-from spillbox.profile import Shape, profile
+from spillbox.profile import profile
 from spillbox.retention import Retention, redact
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import (
@@ -41,50 +41,21 @@ from spillbox.sandbox.storage import (
     safe_name,
     unless_open,
 )
-from spillbox.tokens import TokenCount, TokenCounter, default_counter, total
+from spillbox.tokens import TokenCounter, default_counter, total
 from spillbox.tools import tool_hints
+from spillbox.types import (
+    Admitted,
+    Artifact,
+    ExecResult,
+    Lang,
+    Reason,
+    Shape,
+    TokenCount,
+    ToolResult,
+)
 
 if TYPE_CHECKING:
     from spillbox.sandbox.docker import SandboxOptions
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """An offloaded payload, stored byte for byte in the task's sandbox."""
-
-    id: str
-    """Unique in the task: the file name's stem."""
-    task_id: str
-    call_id: str
-    tool: str
-    name: str
-    """File name in the task's offload folder."""
-    path: str
-    """Where the model and its scripts find it (e.g. /sandbox/offload/c1.json)."""
-    host_path: Path
-    bytes: int
-    sha256: str
-    shape: Shape
-    tokens: TokenCount | None
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """One result after the gate, in the order the results were given."""
-
-    call_id: str
-    tool: str
-    text: str
-    """What goes into the model's context: the result itself, or a notice."""
-    offloaded: bool
-    reason: Reason | None
-    tokens: int | None
-    """Tokens of the whole result (None for binary results)."""
-    tokens_exact: bool | None
-    inline_tokens: int
-    """Tokens of text."""
-    artifact: Artifact | None
-    is_error: bool = False
 
 
 class _ClosedOnExit:
@@ -301,7 +272,7 @@ class Task(_ClosedOnExit):
                 tokens=d.tokens.tokens if d.tokens else None,
                 tokens_exact=d.tokens.exact if d.tokens else None,
                 inline_tokens=d.inline_tokens,
-                artifact=d.artifact if isinstance(d.artifact, Artifact) else None,
+                artifact=d.artifact,
                 is_error=d.result.is_error,
             )
             for d in decisions
@@ -330,11 +301,11 @@ class Task(_ClosedOnExit):
 
     def exec(
         self,
-        lang: codemode.Lang,
+        lang: Lang,
         code: str,
         timeout: float = codemode.DEFAULT_TIMEOUT,
         artifact: str | None = None,
-    ) -> codemode.ExecResult:
+    ) -> ExecResult:
         """Run a code-mode script in the task's sandbox; its output passes the gate.
 
         artifact (an id, file name or call id) is what a jq filter runs over.

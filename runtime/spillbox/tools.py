@@ -16,14 +16,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from spillbox.codemode import DEFAULT_TIMEOUT, LANGS
+from spillbox.codemode import DEFAULT_TIMEOUT
 from spillbox.errors import SpillboxError
 from spillbox.notice import Hint
 from spillbox.paging import CURSOR_TTL_SECONDS, CursorSigner, Page, page
+from spillbox.types import LANGS
 
 if TYPE_CHECKING:
     from spillbox.catalog import ArtifactRow
-    from spillbox.harness import Artifact, Task
+    from spillbox.harness import Task
+    from spillbox.types import Artifact
 
 SANDBOX_EXEC = "sandbox_exec"
 READ_ARTIFACT = "read_artifact"

@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spillbox.config import SandboxKind
-from spillbox.sandbox.base import RawExec, SandboxBackend
+from spillbox.sandbox.base import SandboxBackend
 from spillbox.sandbox.none import NoneBackend
+from spillbox.types import RawExec
 
 if TYPE_CHECKING:
     from spillbox.sandbox.docker import SandboxOptions

@@ -10,23 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 
 from spillbox.sandbox.storage import StoredFile, TaskStorage, stored_task_ids
-
-
-@dataclass(frozen=True)
-class RawExec:
-    """What a script did, before the gate sees its output."""
-
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-    oom_killed: bool
-    stdout_truncated: bool = False
-    """True if stdout was over the backend's output cap; the middle was dropped, not the tail."""
+from spillbox.types import RawExec as RawExec  # imported from here until the Docker split lands
 
 
 class SandboxBackend(ABC):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from spillbox.errors import ExecError
-from spillbox.sandbox.base import RawExec, SandboxBackend
+from spillbox.sandbox.base import SandboxBackend
 from spillbox.sandbox.storage import StoredFile, TaskStorage
+from spillbox.types import RawExec
 
 
 class NoneBackend(SandboxBackend):

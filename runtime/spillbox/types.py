@@ -1,0 +1,177 @@
+"""The data spillbox passes around: frozen records, and the literal types of its modes.
+
+This module imports nothing else from spillbox, so every other module can use these types
+without importing the module that makes them (no import cycles, no `object` in place of a
+type).
+
+    from spillbox.types import ToolResult
+    result = ToolResult(call_id="c1", tool="list_prs", content=payload)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld"]
+"""Why a result's place in context is not the result itself (see spillbox.gate)."""
+
+Lang = Literal["sql", "jq", "python", "sh"]
+"""The code-mode languages."""
+LANGS: tuple[str, ...] = get_args(Lang)
+
+ShapeKind = Literal["json_array", "json_object", "json_scalar", "ndjson", "csv", "text", "binary"]
+
+EXTENSIONS: dict[ShapeKind, str] = {
+    "json_array": "json",
+    "json_object": "json",
+    "json_scalar": "json",
+    "ndjson": "ndjson",
+    "csv": "csv",
+    "text": "txt",
+    "binary": "bin",
+}
+"""The file extension a payload of each shape is stored with."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One tool call's result, as the tool returned it.
+
+    >>> ToolResult(call_id="c1", tool="list_prs", content='[{"id": 1}]').is_error
+    False
+    """
+
+    call_id: str
+    tool: str
+    content: str | bytes
+    is_error: bool = False
+    offloadable: bool = True
+    """False: the aggregate rule withholds the result instead of offloading it (a page
+    read back from an artifact: already bounded, and offloading it would loop)."""
+
+    def payload(self) -> tuple[bytes, str | None]:
+        """The bytes to store, and the text they are (None if they are not text).
+
+        Text is valid UTF-8 without NUL: no JSON, CSV or log holds a raw NUL, while
+        binary formats (tar, NUL-padded headers) can be valid UTF-8 by chance, and a NUL
+        in context is refused by some model APIs. A str is stored as its UTF-8 encoding;
+        one with lone surrogates (not encodable) keeps them via surrogatepass and is then
+        handled as the non-UTF-8 bytes it is.
+        """
+        if isinstance(self.content, bytes):
+            try:
+                data, text = self.content, self.content.decode("utf-8")
+            except UnicodeDecodeError:
+                return self.content, None
+        else:
+            try:
+                data, text = self.content.encode("utf-8"), self.content
+            except UnicodeEncodeError:
+                return self.content.encode("utf-8", "surrogatepass"), None
+        return data, None if "\0" in text else text
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """A token total, and whether it was counted exactly or estimated from samples."""
+
+    tokens: int
+    exact: bool
+
+    def label(self) -> str:
+        return f"{self.tokens}" if self.exact else f"~{self.tokens} (estimated)"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape of one payload, as the notice states it."""
+
+    kind: ShapeKind
+    count: int | None = None
+    """Elements of a JSON array, NDJSON records, CSV rows or text lines; None if not known."""
+    count_exact: bool = True
+    element: str | None = None
+    """What the elements of an array are: "objects", "numbers", "mixed"..."""
+    keys: tuple[str, ...] = ()
+    """Object keys (of the object, or of the array's objects), or CSV columns, first seen first."""
+    nested: dict[str, str] = field(default_factory=dict)
+    """For a JSON object: a short type per key ("array", "object", "string"...)."""
+    mime: str | None = None
+    """For binary payloads: the sniffed type, if any."""
+
+    @property
+    def extension(self) -> str:
+        return EXTENSIONS[self.kind]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An offloaded payload, stored byte for byte in the task's sandbox."""
+
+    id: str
+    """Unique in the task: the file name's stem."""
+    task_id: str
+    call_id: str
+    tool: str
+    name: str
+    """File name in the task's offload folder."""
+    path: str
+    """Where the model and its scripts find it (e.g. /sandbox/offload/c1.json)."""
+    host_path: Path
+    bytes: int
+    sha256: str
+    shape: Shape
+    tokens: TokenCount | None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """One result after the gate, in the order the results were given."""
+
+    call_id: str
+    tool: str
+    text: str
+    """What goes into the model's context: the result itself, or a notice."""
+    offloaded: bool
+    reason: Reason | None
+    tokens: int | None
+    """Tokens of the whole result (None for binary results)."""
+    tokens_exact: bool | None
+    inline_tokens: int
+    """Tokens of text."""
+    artifact: Artifact | None
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class RawExec:
+    """What a script did, before the gate sees its output."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    oom_killed: bool
+    stdout_truncated: bool = False
+    """True if stdout was over the backend's output cap; the middle was dropped, not the tail."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a script did, as the model sees it."""
+
+    exit_code: int
+    text: str
+    """The script's stdout after the gate: inline, or the notice of a new artifact."""
+    stderr: str
+    """The script's stderr, bounded: its head and its tail (where errors usually are)."""
+    offloaded: bool
+    artifact: Artifact | None
+    timed_out: bool
+    oom_killed: bool
+
+    @property
+    def path(self) -> str | None:
+        return self.artifact.path if self.artifact else None
