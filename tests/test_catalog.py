@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from spillbox.catalog import CATALOG_FILE, MIGRATIONS, ArtifactRow, Catalog
+from spillbox.catalog import CATALOG_FILE, MIGRATIONS, Catalog
 from spillbox.errors import ConfigError, StorageError
+from spillbox.types import ArtifactRow
 
 
 def _row(task_id: str, artifact_id: str, **changes: object) -> ArtifactRow:

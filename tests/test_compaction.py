@@ -62,6 +62,7 @@ def chat_history(n: int = 10) -> list[dict[str, Any]]:
 
 def test_older_results_become_notices_that_read_artifact_opens_again(task: Task) -> None:
     toolset = Toolset(task)
+    task.register_tools(toolset.names)
     messages = chat_history()
     before = copy.deepcopy(messages)
     out = compact_history(task, messages, keep_last=3)
@@ -130,6 +131,7 @@ def test_a_json_result_is_stored_byte_for_byte(task: Task) -> None:
 
 def test_anthropic_history(task: Task) -> None:
     toolset = Toolset(task)
+    task.register_tools(toolset.names)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the failing step."}]
     for i in range(5):
         messages.append(
@@ -178,6 +180,7 @@ def test_anthropic_history(task: Task) -> None:
 
 def test_responses_history(task: Task) -> None:
     toolset = Toolset(task)
+    task.register_tools(toolset.names)
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "go"}]
     for i in range(4):
         items.append({"type": "function_call", "call_id": f"fc_{i}", "name": "logs"})

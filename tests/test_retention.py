@@ -19,11 +19,11 @@ import pytest
 
 from conftest import Clock
 from spillbox import ConfigError, Harness, Policy, ToolResult
-from spillbox.catalog import ArtifactRow
 from spillbox.config import Settings
 from spillbox.errors import RetentionError
 from spillbox.harness import Task
 from spillbox.retention import Retention, parse_duration, parse_size, redact
+from spillbox.types import ArtifactRow
 
 
 @pytest.fixture
@@ -262,14 +262,15 @@ _FILLER = """
 import json, sys, time
 from pathlib import Path
 from spillbox import Harness, Policy, RetentionError, ToolResult
-from spillbox.harness import Task
+import spillbox.offload
 from spillbox.retention import Retention
 
-decide = Task._make_room
-def decide_slowly(self, size):
-    decide(self, size)
+decide = spillbox.offload.quota_evictions
+def decide_slowly(*args):
+    evicted = decide(*args)
     time.sleep(0.003)  # widens the race between the quota decision and its record
-Task._make_room = decide_slowly
+    return evicted
+spillbox.offload.quota_evictions = decide_slowly
 name, mode = sys.argv[2], sys.argv[3]
 retention = Retention(max_artifacts=5, on_quota=mode)
 with Harness(sandbox="none", home=Path(sys.argv[1]), gc_interval=-1,

@@ -263,6 +263,7 @@ def test_definitions_are_valid_in_every_shape_and_name_only_available_tools(
 ) -> None:
     with harness.task("defs") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
     # sandbox="none" has no code mode: sandbox_exec must not be offered.
     assert names == ["read_artifact", "list_artifacts"]
@@ -295,6 +296,7 @@ def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
     harness.backend.languages = LANGS
     with harness.task("defs") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         for fmt in ("openai", "responses", "anthropic"):
             names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
             assert names == ["sandbox_exec", "read_artifact", "list_artifacts"]
@@ -434,6 +436,7 @@ def test_null_means_not_given_for_every_optional_argument(
     harness.backend.languages = LANGS
     with harness.task("nulls") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         cursor = first_cursor(toolset, "c1")
         calls: list[dict[str, Any]] = []
@@ -468,6 +471,7 @@ def test_a_required_argument_given_as_null_is_missing(
     harness.backend.languages = LANGS
     with harness.task("nulls") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         calls: list[dict[str, Any]] = []
         monkeypatch.setattr(task, "exec", exec_recorder(calls))
         output = toolset.call(
@@ -492,6 +496,7 @@ def test_json_array_pages_reproduce_every_record(harness: Harness) -> None:
     payload = json.dumps(records, indent=2, ensure_ascii=False)
     with harness.task("arr") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         admitted = offload(task, "c1", payload)
         pages = read_pages(toolset, LIMIT, path=admitted.artifact.path)  # type: ignore[union-attr]
     assert len(pages) > 3
@@ -556,6 +561,7 @@ def test_a_single_huge_line_and_a_huge_record_are_paged(harness: Harness) -> Non
     records = [{"small": 1}, {"huge": line}, {"small": 2}]
     with harness.task("huge") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "line", line)
         offload(task, "rec", json.dumps(records))
         line_pages = read_pages(toolset, LIMIT, artifact_id="line")
@@ -574,6 +580,7 @@ def test_binary_pages_are_base64_and_reproduce_the_bytes(harness: Harness) -> No
     payload = b"\x89PNG\r\n\x1a\n" + random.Random(11).randbytes(40_000)
     with harness.task("bin") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         admitted = offload(task, "img", payload)
         assert admitted.reason == "binary"
         pages = read_pages(toolset, LIMIT, artifact_id="img")
@@ -586,6 +593,7 @@ def test_binary_pages_are_base64_and_reproduce_the_bytes(harness: Harness) -> No
 def test_a_small_artifact_is_one_page(harness: Harness) -> None:
     with harness.task("one") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         admitted = task.offload(ToolResult("c1", "t", '[{"a": 1}, {"a": 2}]'))
         pages = read_pages(toolset, LIMIT, path=admitted.artifact.path)  # type: ignore[union-attr]
     assert pages == [
@@ -606,6 +614,7 @@ def test_a_small_artifact_is_one_page(harness: Harness) -> None:
 def test_reads_are_logged_as_read_artifact(harness: Harness) -> None:
     with harness.task("log") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", "line\n" * 5_000)
         toolset.call("read_artifact", {"artifact_id": "c1"})
     actors = [(e.action, e.actor) for e in harness.catalog.audit("log")]
@@ -641,6 +650,7 @@ def big_text(seed: int = 0) -> str:
 def test_a_cursor_continues_where_the_page_ended(harness: Harness) -> None:
     with harness.task("cur") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         first = json.loads(toolset.call("read_artifact", {"artifact_id": "c1"}).text)
         second = json.loads(
@@ -656,6 +666,7 @@ def test_pages_read_in_one_step_are_held_to_the_aggregate_and_a_withheld_one_rea
     records = [{"id": i, "body": "word " * 40} for i in range(2_000)]
     with open_harness(home, per_call=6_000) as harness, harness.task("many") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", json.dumps(records))
         calls: list[dict[str, Any]] = [{"artifact_id": "c1"}]
         for _ in range(2):
@@ -693,6 +704,7 @@ def without_cursor(page_text: str) -> dict[str, Any]:
 def test_a_tampered_cursor_is_refused(harness: Harness) -> None:
     with harness.task("cur") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         cursor = first_cursor(toolset, "c1")
         body, tag = cursor.split(".")
@@ -712,6 +724,7 @@ def test_an_expired_cursor_is_refused(harness: Harness, monkeypatch: pytest.Monk
 
     with harness.task("cur") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         cursor = first_cursor(toolset, "c1")
         real = spillbox.paging.time.time
@@ -732,6 +745,7 @@ def test_a_cursor_signed_with_no_lifetime_is_refused(
     monkeypatch.setattr(spillbox.tools, "CURSOR_TTL_SECONDS", -1.0)
     with harness.task("cur") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         cursor = first_cursor(toolset, "c1")
         assert "expired" in error_of(toolset, {"artifact_id": "c1", "cursor": cursor})
@@ -771,6 +785,7 @@ def test_a_cursor_of_another_home_is_refused(tmp_path: Path) -> None:
 def test_the_secret_is_private_and_kept(home: Path) -> None:
     with open_harness(home) as harness, harness.task("t") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         cursor = first_cursor(toolset, "c1")
     secret = home / SECRET_FILE
@@ -788,6 +803,7 @@ def test_the_secret_is_private_and_kept(home: Path) -> None:
 def test_a_deleted_artifact_says_when_and_by_which_policy(harness: Harness) -> None:
     with harness.task("del") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         admitted = offload(task, "c1", big_text())
         cursor = first_cursor(toolset, "c1")
         task.delete("c1")
@@ -804,6 +820,7 @@ def test_a_deleted_artifact_says_when_and_by_which_policy(harness: Harness) -> N
 def test_bad_calls_come_back_as_errors(harness: Harness) -> None:
     with harness.task("bad") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         offload(task, "c1", big_text())
         assert "no artifact 'nope'" in error_of(toolset, {"artifact_id": "nope"})
         assert "give path" in error_of(toolset, {})
@@ -826,6 +843,7 @@ def test_bad_calls_come_back_as_errors(harness: Harness) -> None:
 def test_list_artifacts_lists_each_live_artifact(harness: Harness) -> None:
     with harness.task("ls") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         assert json.loads(toolset.call("list_artifacts", {}).text) == []
         first = offload(task, "c1", big_text(), tool="logs")
         offload(task, "c2", b"\x00\xff" * 10, tool="blob")
@@ -865,6 +883,7 @@ def test_notice_hints_are_calls_of_the_registered_tools(harness: Harness) -> Non
             assert hint_lines(offload(task, call_id, content).text) == []
     with harness.task("after") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         for call_id, content in payloads.items():
             notice = offload(task, call_id, content).text
             assert "sandbox_exec" not in notice and "sql:" not in notice

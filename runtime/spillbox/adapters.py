@@ -24,7 +24,7 @@ from spillbox.tools import READ_ARTIFACT, Format, Toolset
 from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
-    from spillbox.harness import Task
+    from spillbox.protocols import TaskHandle
 
 DEFAULT_TOOL_NAME = "tool"
 
@@ -42,7 +42,7 @@ def _tool_name(tool: Mapping[str, Any]) -> str:
 
 
 def _gate_slots(
-    task: Task,
+    task: TaskHandle,
     slots: Sequence[tuple[dict[str, Any], str, str, bool]],
     names: Mapping[str, str],
 ) -> None:
@@ -65,7 +65,7 @@ def _gate_slots(
 
 
 def gate_chat_completions(
-    task: Task,
+    task: TaskHandle,
     tool_messages: Sequence[Mapping[str, Any]],
     tool_calls: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -81,7 +81,7 @@ def gate_chat_completions(
 # OpenAI Responses: {"type": "function_call_output", "call_id": ..., "output": str}
 
 
-def gate_responses(task: Task, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def gate_responses(task: TaskHandle, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Gate the function_call_output items of one step; other items pass unchanged."""
     out = [dict(item) for item in items]
     names = {
@@ -98,7 +98,7 @@ def gate_responses(task: Task, items: Sequence[Mapping[str, Any]]) -> list[dict[
 
 
 def gate_anthropic(
-    task: Task,
+    task: TaskHandle,
     message: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     assistant_content: Sequence[Mapping[str, Any]] | None = None,
 ) -> Any:
@@ -159,7 +159,10 @@ def _text_of(content: Any) -> str:
 
 
 def compact_history(
-    task: Task, messages: Sequence[Mapping[str, Any]], keep_last: int = 3, min_tokens: int = 500
+    task: TaskHandle,
+    messages: Sequence[Mapping[str, Any]],
+    keep_last: int = 3,
+    min_tokens: int = 500,
 ) -> list[dict[str, Any]]:
     """Move all but the last keep_last tool results into the task's sandbox.
 
@@ -174,7 +177,7 @@ def compact_history(
     for holder, key, call_id in slots[: max(len(slots) - keep_last, 0)]:
         text = _text_of(holder[key])
         # "Under min_tokens?" costs time bounded by min_tokens, not by the result's size.
-        small, _ = count_within(task.harness.counter, text, min_tokens - 1)
+        small, _ = count_within(task.counter, text, min_tokens - 1)
         if parse_notice(text) is not None or (min_tokens > 0 and small):
             continue
         admitted = task.offload(ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), text))

@@ -15,12 +15,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from spillbox.errors import ConfigError, StorageError
+from spillbox.types import AccessEntry, ArtifactRow, TaskRow
 
 CATALOG_FILE = "catalog.sqlite3"
 DEFAULT_BUSY_TIMEOUT = 10.0
@@ -82,61 +81,6 @@ MIGRATIONS: Sequence[str] = (
     CREATE INDEX artifacts_by_digest ON artifacts(task_id, sha256);
     """,
 )
-
-
-@dataclass(frozen=True)
-class ArtifactRow:
-    """An artifact as the catalog knows it (live, or a tombstone)."""
-
-    task_id: str
-    artifact_id: str
-    call_id: str
-    tool: str
-    name: str
-    path: str
-    bytes: int
-    tokens: int | None
-    tokens_exact: bool | None
-    sha256: str
-    created_at: float
-    last_access_at: float
-    expires_at: float | None
-    state: str
-    pinned: bool
-    redactions: int
-    deleted_at: float | None
-    deleted_by: str | None
-
-    def tombstone(self) -> str:
-        """What a read or query of this artifact says once it is deleted."""
-        when = datetime.fromtimestamp(self.deleted_at or 0, UTC).isoformat(timespec="seconds")
-        return (
-            f"artifact {self.artifact_id} of task {self.task_id} was deleted at {when} "
-            f"by policy {self.deleted_by}"
-        )
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    task_id: str
-    created_at: float
-    closed_at: float | None
-    delete_after: float | None
-    retention: str
-    state: str
-    deleted_at: float | None
-    deleted_by: str | None
-
-
-@dataclass(frozen=True)
-class AccessEntry:
-    id: int
-    task_id: str
-    artifact_id: str | None
-    action: str
-    at: float
-    actor: str
-    detail: str
 
 
 class Catalog:
@@ -244,6 +188,15 @@ class Catalog:
     def task(self, task_id: str) -> TaskRow | None:
         rows = self._query("reading a task", "SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         return TaskRow(**dict(rows[0])) if rows else None
+
+    def known_task(self, task_id: str, deleted_too: bool = False) -> TaskRow:
+        """The task's row, or a ConfigError that says how to list the tasks there are.
+
+        deleted_too: a deleted task counts as known (its tombstones and audit log stay)."""
+        row = self.task(task_id)
+        if row is None or (row.state == "deleted" and not deleted_too):
+            raise ConfigError(f"no task {task_id!r}: see `spillbox tasks`")
+        return row
 
     def tasks(self, states: Sequence[str] = ("open", "closed")) -> list[TaskRow]:
         marks = ",".join("?" * len(states))

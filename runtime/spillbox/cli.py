@@ -13,13 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spillbox.catalog import ArtifactRow
 from spillbox.config import SandboxKind
 from spillbox.errors import ConfigError, SpillboxError
 from spillbox.harness import Harness, Task
-from spillbox.retention import Retention
-from spillbox.tools import SANDBOX_EXEC, SPECS, TOOL_NAMES, Toolset
-from spillbox.types import LANGS, Admitted, ToolResult
+from spillbox.retention import Retention, policy_for
+from spillbox.tools import SPECS, Toolset, tool_names
+from spillbox.types import LANGS, Admitted, ArtifactRow, ToolResult
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,11 +189,7 @@ def _task(args: argparse.Namespace, harness: Harness) -> Task:
     retention = None
     if any(value is not None for value in flags.values()):
         known = harness.catalog.task(args.task)
-        base = (
-            Retention.from_json(known.retention)
-            if known and known.state != "deleted"
-            else harness.settings.retention
-        )
+        base = policy_for(known, None, harness.settings.retention)
         retention = Retention.from_options(flags, base)
     return harness.task(args.task, retention=retention)
 
@@ -247,20 +242,7 @@ def _exec(args: argparse.Namespace) -> int:
     with _harness(args) as harness, _task(args, harness) as task:
         result = task.exec(args.lang, code, timeout=args.timeout, artifact=args.artifact)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "exit_code": result.exit_code,
-                    "text": result.text,
-                    "stderr": result.stderr,
-                    "offloaded": result.offloaded,
-                    "path": result.path,
-                    "timed_out": result.timed_out,
-                    "oom_killed": result.oom_killed,
-                },
-                ensure_ascii=False,
-            )
-        )
+        print(json.dumps(result.as_json(), ensure_ascii=False))
     else:
         sys.stdout.write(
             result.text if result.text.endswith("\n") or not result.text else result.text + "\n"
@@ -331,8 +313,7 @@ def _artifact_json(row: ArtifactRow) -> dict[str, Any]:
 
 def _artifacts(args: argparse.Namespace) -> int:
     with _harness(args) as harness:
-        if harness.catalog.task(args.task) is None:
-            raise ConfigError(f"no task {args.task!r}: see `spillbox tasks`")
+        harness.catalog.known_task(args.task, deleted_too=True)
         rows = harness.catalog.artifacts(args.task, include_deleted=args.all)
     data = [_artifact_json(row) for row in rows]
     lines = [
@@ -372,8 +353,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     with _harness(args) as harness:
-        if harness.catalog.task(args.task) is None:
-            raise ConfigError(f"no task {args.task!r}: see `spillbox tasks`")
+        harness.catalog.known_task(args.task, deleted_too=True)
         entries = harness.catalog.audit(args.task)
     data = [
         {
@@ -394,15 +374,17 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _tools(args: argparse.Namespace) -> int:
-    languages = () if args.sandbox == "none" else LANGS
-    specs = [SPECS[name] for name in TOOL_NAMES if languages or name != SANDBOX_EXEC]
+    names = tool_names(() if args.sandbox == "none" else LANGS)
+    specs = [SPECS[name] for name in names]
     print(json.dumps([spec.definition(args.format) for spec in specs], indent=2))
     return 0
 
 
 def _call(args: argparse.Namespace) -> int:
     with _harness(args) as harness, harness.task(args.task) as task:
-        output = Toolset(task).call(args.tool, args.arguments)
+        toolset = Toolset(task)
+        task.register_tools(toolset.names)
+        output = toolset.call(args.tool, args.arguments)
     print(output.text)
     return 1 if output.is_error else 0
 

@@ -10,17 +10,12 @@ has jq and the usual tools.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from spillbox.errors import ExecError
 from spillbox.notice import Hint
-from spillbox.types import LANGS, ExecResult, ToolResult
-
-if TYPE_CHECKING:
-    from spillbox.harness import Task
-    from spillbox.types import Admitted, Artifact
-
+from spillbox.protocols import TaskHandle
+from spillbox.types import LANGS, Artifact, ExecResult, RawExec, ToolResult
 
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
@@ -31,8 +26,17 @@ TABLE_SHAPES = ("json_array", "json_object", "ndjson", "csv")
 """Shapes that the SQL engine loads as a table named after the artifact."""
 
 
+RawExecFn = Callable[[str, str, float], RawExec]
+"""Runs (lang, code, timeout) in the task's sandbox: the backend's exec, bound to the task."""
+
+
 def run(
-    task: Task, lang: str, code: str, timeout: float, artifact: str | None = None
+    task: TaskHandle,
+    raw_exec: RawExecFn,
+    lang: str,
+    code: str,
+    timeout: float,
+    artifact: str | None = None,
 ) -> ExecResult:
     """Run a script in the task's sandbox and gate what it printed."""
     if lang not in LANGS:
@@ -46,16 +50,16 @@ def run(
         row for row in task.artifacts(include_deleted=True)
         if row.artifact_id in code or row.name in code
     ]  # fmt: skip
-    raw = task.harness.backend.exec(task.storage, lang, code, timeout)
+    raw = raw_exec(lang, code, timeout)
     stderr = raw.stderr.decode("utf-8", "replace")
     for row in referenced:
         if row.state == "live":
             task.accessed(row, "query", f"sandbox_exec.{lang}")
         elif raw.exit_code != 0:
             stderr = f"{row.tombstone()}\n{stderr}"
-    admitted: Admitted = task.admit(
+    [admitted] = task.admit(
         [ToolResult(call_id=f"exec-{lang}", tool=f"sandbox_exec.{lang}", content=raw.stdout)]
-    )[0]
+    )
     return ExecResult(
         exit_code=raw.exit_code,
         text=admitted.text,
@@ -67,13 +71,13 @@ def run(
     )
 
 
-def jq_command(task: Task, jq_filter: str, artifact: str | None) -> str:
+def jq_command(task: TaskHandle, jq_filter: str, artifact: str | None) -> str:
     """The sh command that runs a jq filter over one artifact of the task."""
     if artifact is None:
         raise ExecError("jq needs an artifact to run over: pass artifact=ID (or --artifact ID)")
-    name = task.artifact(artifact).name
+    path = task.artifact(artifact).path
     # jq 1.6 has no `--`: a leading space keeps a filter like "-1" from reading as an option.
-    return f"jq {shell_quote(' ' + jq_filter)} /sandbox/offload/{name}"
+    return f"jq {shell_quote(' ' + jq_filter)} {shell_quote(path)}"
 
 
 def shell_quote(value: str) -> str:

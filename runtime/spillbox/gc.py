@@ -14,8 +14,12 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from spillbox.catalog import Catalog
+from spillbox.config import Settings
+from spillbox.retention import due_for_deletion
+from spillbox.sandbox.base import SandboxBackend
 from spillbox.sandbox.storage import (
     INCOMING_DIR,
     TASK_ID_FILE,
@@ -24,9 +28,20 @@ from spillbox.sandbox.storage import (
     exclusive,
     unless_open,
 )
+from spillbox.types import ArtifactRow
 
-if TYPE_CHECKING:
-    from spillbox.harness import Harness
+
+class Collected(Protocol):
+    """What collection works on: a harness (spillbox.harness.Harness satisfies this)."""
+
+    settings: Settings
+    catalog: Catalog
+    backend: SandboxBackend
+
+    def delete_artifact(self, row: ArtifactRow, by: str) -> None: ...
+
+    def remove(self, task_id: str, by: str = "manual") -> int: ...
+
 
 LOCK_FILE = "gc.lock"
 GRACE_SECONDS = 300.0
@@ -44,7 +59,9 @@ class Removal:
     reason: str
 
 
-def collect(harness: Harness, dry_run: bool = False, grace: float = GRACE_SECONDS) -> list[Removal]:
+def collect(
+    harness: Collected, dry_run: bool = False, grace: float = GRACE_SECONDS
+) -> list[Removal]:
     """Delete expired artifacts and tasks, then orphaned containers, folders and files."""
     home = harness.settings.home
     catalog = harness.catalog
@@ -84,20 +101,16 @@ def collect(harness: Harness, dry_run: bool = False, grace: float = GRACE_SECOND
     return removed
 
 
-def _past_keep(harness: Harness, task_id: str, now: float) -> str | None:
-    """Why a closed task is due for deletion now, or None if it is not (or not closed)."""
+def _past_keep(harness: Collected, task_id: str, now: float) -> str | None:
+    """Why a task is due for deletion now, or None if it is not (or not closed)."""
     task = harness.catalog.task(task_id)
-    if task is None or task.state != "closed":
+    if task is None:
         return None
-    if task.delete_after is not None and task.delete_after <= now:
-        return "keep_after_close"
-    if task.delete_after is None and not harness.catalog.artifacts(task_id):
-        return "expired"  # kept until its artifacts expire: they have
-    return None
+    return due_for_deletion(task, len(harness.catalog.artifacts(task_id)), now)
 
 
 def _sweep_storage(
-    harness: Harness, known: set[str], dry_run: bool, older_than: float
+    harness: Collected, known: set[str], dry_run: bool, older_than: float
 ) -> Iterator[Removal]:
     home = harness.settings.home
     tasks_dir = home / TASKS_DIR
@@ -118,7 +131,7 @@ def _sweep_storage(
 
 
 def _sweep_task_files(
-    harness: Harness, storage: TaskStorage, dry_run: bool, older_than: float
+    harness: Collected, storage: TaskStorage, dry_run: bool, older_than: float
 ) -> Iterator[Removal]:
     """Temp files a crashed offload left, and payload files with no live catalog row."""
     incoming = storage.root / INCOMING_DIR
@@ -138,7 +151,7 @@ def _sweep_task_files(
                 storage.remove(name)
 
 
-def _holds_pinned(harness: Harness, task_id: str | None) -> bool:
+def _holds_pinned(harness: Collected, task_id: str | None) -> bool:
     return task_id is not None and any(row.pinned for row in harness.catalog.artifacts(task_id))
 
 

@@ -11,46 +11,40 @@ with harness.task("t1") as task:
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from spillbox import codemode, gc
-from spillbox.catalog import ArtifactRow, Catalog
+from spillbox.catalog import Catalog
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
 from spillbox.gate import Offload, admit
-from spillbox.notice import NoticeFacts, render
-from spillbox.profile import profile
-from spillbox.retention import Retention, redact
+from spillbox.notice import Hint
+from spillbox.offload import Destination, offload
+from spillbox.retention import Retention, close_deadline, expiry_after_access, policy_for
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import (
     CLOCK_SLACK_SECONDS,
     OpenHold,
-    Staged,
-    StoredFile,
     TaskStorage,
-    safe_name,
     unless_open,
+    write_new,
 )
 from spillbox.tokens import TokenCounter, default_counter, total
 from spillbox.tools import tool_hints
 from spillbox.types import (
     Admitted,
     Artifact,
+    ArtifactRow,
     ExecResult,
     Lang,
     Reason,
-    Shape,
-    TokenCount,
     ToolResult,
 )
 
@@ -142,9 +136,7 @@ class Harness(_ClosedOnExit):
 
     def existing(self, task_id: str) -> Task:
         """A known task, for reading, exporting or pinning: neither reopened nor started."""
-        row = self.catalog.task(task_id)
-        if row is None or row.state == "deleted":
-            raise ConfigError(f"no task {task_id!r}: see `spillbox tasks`")
+        row = self.catalog.known_task(task_id)
         return Task(self, task_id, Retention.from_json(row.retention), open_task=False)
 
     def tasks(self) -> list[str]:
@@ -219,7 +211,11 @@ class Harness(_ClosedOnExit):
 
 
 class Task(_ClosedOnExit):
-    """One task: its storage, its sandbox, its retention policy, and the gate in front."""
+    """One task: its lifecycle, its storage and sandbox, and the gate in front of them.
+
+    The offload path itself lives in spillbox.offload, code mode in spillbox.codemode and
+    the retention decisions in spillbox.retention; a task applies them.
+    """
 
     def __init__(
         self,
@@ -232,20 +228,27 @@ class Task(_ClosedOnExit):
             raise ConfigError("a task id must not be empty")
         self.harness = harness
         self.id = task_id
+        self.home = harness.settings.home
+        self.counter = harness.counter
+        self.policy = harness.policy
+        self.languages = harness.backend.languages
         catalog = harness.catalog
-        known = catalog.task(task_id)
-        if retention is None:
-            stored = known is not None and known.state != "deleted"
-            retention = (
-                Retention.from_json(known.retention)
-                if known and stored
-                else harness.settings.retention
-            )
-        self.retention = retention
+        self.retention = policy_for(catalog.task(task_id), retention, harness.settings.retention)
         self.storage: TaskStorage = harness.backend.storage(task_id)
         self._lock = threading.Lock()
         self.tools: frozenset[str] = frozenset()
-        """spillbox's model-facing tools registered on this task (see tools.Toolset)."""
+        """spillbox's model-facing tools offered to the model: the notices' hints name them."""
+        self._destination = Destination(
+            task_id=task_id,
+            storage=self.storage,
+            catalog=catalog,
+            policy=harness.policy,
+            retention=self.retention,
+            counter=harness.counter,
+            visible_path=harness.backend.visible_path,
+            hints=self._hints,
+            evict=lambda row: harness.delete_artifact(row, by="quota"),
+        )
         self._hold: weakref.finalize[..., Any] | None = None
         """Lets go of this object's share of the task's open hold (when closed or dropped)."""
         if open_task:
@@ -253,12 +256,17 @@ class Task(_ClosedOnExit):
             # and no holder cannot remove its sandbox while it is being opened.
             harness._hold(self.storage)
             self._hold = weakref.finalize(self, harness._let_go, task_id)
-            catalog.open_task(task_id, retention.to_json())
+            catalog.open_task(task_id, self.retention.to_json())
+
+    def register_tools(self, names: Iterable[str]) -> None:
+        """Say which of spillbox's tools the model is offered (Toolset.names): from now on
+        the notices' hints name them, with ready-to-send arguments."""
+        self.tools = frozenset(names)
 
     def admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate)."""
         with self._lock:
-            decisions = admit(results, self.harness.policy, self.harness.counter, self._offload)
+            decisions = admit(results, self.policy, self.counter, self._offload)
         # Start the sandbox only now, while the model reads this step: a container start
         # competing for the cores would slow this step's offloads several times over.
         self.harness.backend.warm(self.storage)
@@ -281,7 +289,7 @@ class Task(_ClosedOnExit):
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted:
         """Store one result now, whatever its size, and return its notice (compaction)."""
         data, text = result.payload()
-        tokens = None if text is None else total(self.harness.counter, text)
+        tokens = None if text is None else total(self.counter, text)
         with self._lock:
             artifact, notice, notice_tokens = self._offload(
                 Offload(result, data, text, reason, tokens)
@@ -310,7 +318,15 @@ class Task(_ClosedOnExit):
 
         artifact (an id, file name or call id) is what a jq filter runs over.
         """
-        return codemode.run(self, lang, code, timeout, artifact)
+        backend, storage = self.harness.backend, self.storage
+        return codemode.run(
+            self,
+            lambda lang, code, timeout: backend.exec(storage, lang, code, timeout),
+            lang,
+            code,
+            timeout,
+            artifact,
+        )
 
     def artifacts(self, include_deleted: bool = False) -> list[ArtifactRow]:
         """The task's artifacts, oldest first (with tombstones if asked)."""
@@ -338,11 +354,8 @@ class Task(_ClosedOnExit):
 
     def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
         """Log a read or query; with TTL counted from access, push the expiry back."""
-        expires = None
-        if self.retention.ttl_from == "access" and self.retention.ttl is not None:
-            expires = time.time() + self.retention.ttl
         catalog = self.harness.catalog
-        catalog.touch(self.id, row.artifact_id, expires)
+        catalog.touch(self.id, row.artifact_id, expiry_after_access(self.retention, time.time()))
         catalog.log(
             self.id, row.artifact_id, "query" if action == "query" else "read", actor, detail
         )
@@ -367,7 +380,7 @@ class Task(_ClosedOnExit):
             raise RetentionError(
                 f"artifact {row.artifact_id} no longer matches its recorded sha256: not exported"
             )
-        _write_new(target, data)
+        write_new(target, data)
         catalog.log(self.id, row.artifact_id, "export", actor, str(target))
         return target
 
@@ -393,8 +406,8 @@ class Task(_ClosedOnExit):
         has it open. Otherwise, if another process (or Task object) still has the task open,
         it stays open for them; the last to close applies the policy's keep_after_close:
         0 deletes now, N seconds lets garbage collection delete it then, None keeps it until
-        its artifacts expire. A restarted
-        harness re-attaches to a kept task's container by label.
+        its artifacts expire. A restarted harness re-attaches to a kept task's container by
+        label.
         """
         hold, self._hold = self._hold, None
         if hold is None and not delete:
@@ -407,172 +420,17 @@ class Task(_ClosedOnExit):
         self.harness.backend.release(self.storage)
         if hold is not None:
             hold()
-        keep = self.retention.keep_after_close
         with unless_open(self.storage) as last:
             if not last:
                 return  # another process (or Task object) still has it open: it stays open
-            if keep == 0:
+            if self.retention.keep_after_close == 0:
                 self.harness.remove(self.id, by="keep_after_close")
             else:
-                deadline = None if keep is None else time.time() + keep
+                deadline = close_deadline(self.retention, time.time())
                 self.harness.catalog.close_task(self.id, deadline)
 
-    def _make_room(self, size: int) -> None:
-        """Enforce the quota before a new payload is stored: evict, or refuse."""
-        policy = self.retention
-        if policy.max_bytes is None and policy.max_artifacts is None:
-            return
-        if policy.max_bytes is not None and size > policy.max_bytes:
-            raise RetentionError(
-                f"a payload of {size} bytes is over task {self.id}'s quota of "
-                f"{policy.max_bytes} bytes: raise --max-bytes"
-            )
-        live = self.artifacts()
+    def _offload(self, request: Offload) -> tuple[Artifact, str, int]:
+        return offload(self._destination, request)
 
-        def over() -> bool:
-            used = sum(row.bytes for row in live)
-            too_many = policy.max_artifacts is not None and len(live) + 1 > policy.max_artifacts
-            too_big = policy.max_bytes is not None and used + size > policy.max_bytes
-            return too_many or too_big
-
-        if not over():
-            return
-        if policy.on_quota == "refuse":
-            raise RetentionError(
-                f"task {self.id} is at its quota ({len(live)} artifacts, "
-                f"{sum(r.bytes for r in live)} bytes): delete artifacts, or use --on-quota evict"
-            )
-        for row in [r for r in live if not r.pinned]:
-            self.harness.delete_artifact(row, by="quota")
-            live.remove(row)
-            if not over():
-                return
-        raise RetentionError(
-            f"task {self.id} is at its quota and every remaining artifact is pinned: "
-            "unpin some, or raise --max-bytes / --max-artifacts"
-        )
-
-    def _publish(
-        self,
-        staged: Staged,
-        result: ToolResult,
-        shape: Shape,
-        tokens: TokenCount | None,
-        redactions: int,
-    ) -> StoredFile:
-        """Make room under the quota, make the payload visible and record it.
-
-        With a quota the three hold the task's lock, so that harness processes filling one
-        task at once cannot each find room for the same last slot.
-        """
-        policy = self.retention
-        quota = policy.max_bytes is not None or policy.max_artifacts is not None
-        with self.storage.locked() if quota else nullcontext():
-            self._make_room(staged.bytes)
-            stored = staged.publish(safe_name(result.call_id), shape.extension)
-            now = time.time()
-            row = ArtifactRow(
-                task_id=self.id,
-                artifact_id=stored.artifact_id,
-                call_id=result.call_id,
-                tool=result.tool,
-                name=stored.name,
-                path=self.harness.backend.visible_path(stored),
-                bytes=stored.bytes,
-                tokens=tokens.tokens if tokens else None,
-                tokens_exact=tokens.exact if tokens else None,
-                sha256=stored.sha256,
-                created_at=now,
-                last_access_at=now,
-                expires_at=None if policy.ttl is None else now + policy.ttl,
-                state="live",
-                pinned=False,
-                redactions=redactions,
-                deleted_at=None,
-                deleted_by=None,
-            )
-            try:
-                self.harness.catalog.add_artifact(row)
-            except BaseException:
-                self.storage.remove(stored.name)  # no payload without its row
-                raise
-        return stored
-
-    def _offload(self, offload: Offload) -> tuple[Artifact, str, int]:
-        backend, policy, catalog = self.harness.backend, self.harness.policy, self.harness.catalog
-        result, data, text = offload.result, offload.data, offload.text
-        redactions = 0
-        if self.retention.redact and text is not None:
-            text, redactions = redact(text)
-            if redactions:  # what is stored (and counted) is the redacted text
-                data = text.encode("utf-8")
-                offload = replace(offload, tokens=total(self.harness.counter, text))
-        shape = profile(data, text)
-        # The host writes the payload into the task's storage, never through the sandbox.
-        with self.storage.stage(data) as staged:
-            # The same bytes again (a tool repeating itself, a script printing an artifact
-            # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
-            same = catalog.identical(self.id, staged.sha256, len(data))
-            if same is not None:
-                stored = StoredFile(
-                    same.name, self.storage.offload / same.name, staged.sha256, len(data)
-                )
-            else:
-                stored = self._publish(staged, result, shape, offload.tokens, redactions)
-        artifact = Artifact(
-            id=stored.artifact_id,
-            task_id=self.id,
-            call_id=result.call_id,
-            tool=result.tool,
-            name=stored.name,
-            path=backend.visible_path(stored),
-            host_path=stored.host_path,
-            bytes=stored.bytes,
-            sha256=stored.sha256,
-            shape=shape,
-            tokens=offload.tokens,
-        )
-        text = text or ""
-        span = 2 * policy.preview_chars
-        facts = NoticeFacts(
-            reason=offload.reason,
-            tool=result.tool,
-            call_id=result.call_id,
-            path=artifact.path,
-            size=artifact.bytes,
-            tokens=offload.tokens,
-            sha256=artifact.sha256,
-            shape=shape,
-            start=text[:span],
-            end=text[-span:],
-            length=len(text),
-            binary_head=data[:16] if offload.text is None else b"",
-            hints=tool_hints(codemode.hints(artifact, backend.languages), artifact, self.tools),
-            per_call_limit=policy.per_call_tokens,
-            aggregate_limit=policy.aggregate_tokens,
-            redactions=redactions if self.retention.redact else None,
-        )
-        notice, notice_tokens = render(
-            facts, self.harness.counter, policy.notice_max_tokens, policy.preview_chars
-        )
-        return artifact, notice, notice_tokens
-
-
-def _write_new(target: Path, data: bytes) -> None:
-    """Write a new file atomically; never replace one that appeared meanwhile."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    except OSError as e:
-        raise ConfigError(
-            f"cannot export to {target}: {e.strerror}; choose a writable destination"
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.link(tmp, target)
-    except FileExistsError:
-        raise ConfigError(f"{target} already exists: choose another destination") from None
-    except OSError as e:
-        raise ConfigError(f"cannot export to {target}: {e.strerror}; free space or retry") from None
-    finally:
-        os.unlink(tmp)
+    def _hints(self, artifact: Artifact) -> list[Hint]:
+        return tool_hints(codemode.hints(artifact, self.languages), artifact, self.tools)

@@ -24,7 +24,7 @@ from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.config import ModelEndpoint
-    from spillbox.harness import Task
+    from spillbox.protocols import TaskHandle
     from spillbox.types import Admitted
 
 DEFAULT_MAX_STEPS = 12
@@ -96,7 +96,7 @@ class LoopResult:
 
 
 def run(
-    task: Task,
+    task: TaskHandle,
     model: Model,
     prompt: str,
     tools: Sequence[UserTool] = (),
@@ -106,6 +106,7 @@ def run(
     """Run the model until it answers without tool calls (or max_steps is reached)."""
     started = time.monotonic()
     toolset = Toolset(task)
+    task.register_tools(toolset.names)
     user_tools = {tool.spec.name: tool for tool in tools}
     clash = set(user_tools) & set(toolset.names)
     if clash:
@@ -116,7 +117,7 @@ def run(
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": prompt})
     result = LoopResult(answer="", messages=messages)
-    counter = task.harness.counter
+    counter = task.counter
     for _ in range(max_steps):
         turn = model.respond(messages, specs)
         messages.append(_assistant_message(turn))

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from spillbox.errors import ConfigError
+from spillbox.errors import ConfigError, RetentionError
+from spillbox.types import ArtifactRow, TaskRow
 
 TtlFrom = Literal["created", "access"]
 OnQuota = Literal["evict", "refuse"]
@@ -118,6 +119,85 @@ class Retention:
             else:
                 fields[name] = value
         return cls(**fields)
+
+
+# The decisions: pure functions of a policy, the catalog's rows and the time. Task and
+# garbage collection apply them; nothing here deletes or writes.
+
+
+def policy_for(known: TaskRow | None, given: Retention | None, default: Retention) -> Retention:
+    """The policy a task is used with: the one given, else the one stored for it (unless it
+    was deleted), else the harness's default."""
+    if given is not None:
+        return given
+    if known is not None and known.state != "deleted":
+        return Retention.from_json(known.retention)
+    return default
+
+
+def expires_at(policy: Retention, since: float) -> float | None:
+    """When an artifact created (or, with ttl_from access, last used) at `since` expires."""
+    return None if policy.ttl is None else since + policy.ttl
+
+
+def expiry_after_access(policy: Retention, now: float) -> float | None:
+    """The new expiry of an artifact read or queried now, or None if access does not move it."""
+    return expires_at(policy, now) if policy.ttl_from == "access" else None
+
+
+def close_deadline(policy: Retention, now: float) -> float | None:
+    """When a task closed now is deleted (now: at once; None: when its artifacts expire)."""
+    keep = policy.keep_after_close
+    return None if keep is None else now + keep
+
+
+def due_for_deletion(task: TaskRow, live_artifacts: int, now: float) -> str | None:
+    """Why a closed task must be deleted now, or None if it must not (or is not closed)."""
+    if task.state != "closed":
+        return None
+    if task.delete_after is not None and task.delete_after <= now:
+        return "keep_after_close"
+    if task.delete_after is None and not live_artifacts:
+        return "expired"  # kept until its artifacts expire: they have
+    return None
+
+
+def quota_evictions(
+    policy: Retention, task_id: str, live: Sequence[ArtifactRow], size: int
+) -> list[ArtifactRow]:
+    """The artifacts to evict, oldest first, so that a new payload of `size` bytes fits the
+    task's quota; a RetentionError if it must be refused instead (live: oldest first)."""
+    if policy.max_bytes is None and policy.max_artifacts is None:
+        return []
+    if policy.max_bytes is not None and size > policy.max_bytes:
+        raise RetentionError(
+            f"a payload of {size} bytes is over task {task_id}'s quota of "
+            f"{policy.max_bytes} bytes: raise --max-bytes"
+        )
+    kept = list(live)
+
+    def over() -> bool:
+        too_many = policy.max_artifacts is not None and len(kept) + 1 > policy.max_artifacts
+        used = sum(row.bytes for row in kept)
+        return too_many or (policy.max_bytes is not None and used + size > policy.max_bytes)
+
+    if not over():
+        return []
+    if policy.on_quota == "refuse":
+        raise RetentionError(
+            f"task {task_id} is at its quota ({len(kept)} artifacts, "
+            f"{sum(r.bytes for r in kept)} bytes): delete artifacts, or use --on-quota evict"
+        )
+    evicted = []
+    for row in [r for r in live if not r.pinned]:
+        evicted.append(row)
+        kept.remove(row)
+        if not over():
+            return evicted
+    raise RetentionError(
+        f"task {task_id} is at its quota and every remaining artifact is pinned: "
+        "unpin some, or raise --max-bytes / --max-artifacts"
+    )
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

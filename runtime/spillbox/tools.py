@@ -1,6 +1,7 @@
 """The model-facing tools: sandbox_exec, read_artifact and list_artifacts.
 
-    toolset = Toolset(task)                       # registers the tools on the task
+    toolset = Toolset(task)
+    task.register_tools(toolset.names)            # notices' hints now name these tools
     request["tools"] += toolset.definitions("openai")   # or "responses", "anthropic"
     output = toolset.call("read_artifact", {"path": "/sandbox/offload/c1.json"})
     output.text                                   # what the model sees (JSON)
@@ -23,9 +24,8 @@ from spillbox.paging import CURSOR_TTL_SECONDS, CursorSigner, Page, page
 from spillbox.types import LANGS
 
 if TYPE_CHECKING:
-    from spillbox.catalog import ArtifactRow
-    from spillbox.harness import Task
-    from spillbox.types import Artifact
+    from spillbox.protocols import TaskHandle
+    from spillbox.types import Artifact, ArtifactRow
 
 SANDBOX_EXEC = "sandbox_exec"
 READ_ARTIFACT = "read_artifact"
@@ -153,6 +153,11 @@ class ToolOutput:
     """False for read_artifact pages: already bounded, and offloading one would loop."""
 
 
+def tool_names(languages: Sequence[str]) -> tuple[str, ...]:
+    """The tools a task offers: sandbox_exec only where the sandbox runs code mode."""
+    return tuple(name for name in TOOL_NAMES if languages or name != SANDBOX_EXEC)
+
+
 class Toolset:
     """spillbox's tools for one task, and the dispatcher the loop calls them through.
 
@@ -161,14 +166,10 @@ class Toolset:
     '[]'
     """
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: TaskHandle) -> None:
         self.task = task
-        names = [READ_ARTIFACT, LIST_ARTIFACTS]
-        if task.harness.backend.languages:
-            names.insert(0, SANDBOX_EXEC)
-        self.names: tuple[str, ...] = tuple(names)
-        task.tools = frozenset(self.names)
-        self._signer = CursorSigner(task.harness.settings.home)
+        self.names = tool_names(task.languages)
+        self._signer = CursorSigner(task.home)
 
     def specs(self) -> list[ToolSpec]:
         return [SPECS[name] for name in self.names]
@@ -202,14 +203,8 @@ class Toolset:
             timeout=float(args.get("timeout", DEFAULT_TIMEOUT)),
             artifact=args.get("artifact"),
         )
-        body = {
-            "exit_code": result.exit_code,
-            "output": result.text,
-            "stderr": result.stderr,
-            "timed_out": result.timed_out,
-            "oom_killed": result.oom_killed,
-        }
-        return ToolOutput(json.dumps(body, ensure_ascii=False), is_error=result.exit_code != 0)
+        body = json.dumps(result.as_json(), ensure_ascii=False)
+        return ToolOutput(body, is_error=result.exit_code != 0)
 
     def _read(self, args: dict[str, Any]) -> ToolOutput:
         ref = args.get("artifact_id") or args.get("path")
@@ -223,13 +218,13 @@ class Toolset:
             fields = self._signer.check(str(args["cursor"]), expect)
             start = (int(fields["pos"][0]), int(fields["pos"][1]))
         data = task.read(row, actor=READ_ARTIFACT)
-        counter = task.harness.counter
+        counter = task.counter
         # The page shares the per-call threshold with the JSON around it, whose path and
         # cursor can be long: the content gets what the largest such envelope leaves.
         most = row.bytes
         widest = Page("bytes", (most, most), (most, most), most, None, "", True)
         envelope = counter.count(_body(row, widest, self._cursor(expect, widest.end)))
-        limit = max(task.harness.policy.per_call_tokens - envelope, 1)
+        limit = max(task.policy.per_call_tokens - envelope, 1)
         slice_ = page(data, row.sha256, _kind(row.name), start, counter, limit)
         next_cursor = self._cursor(expect, slice_.end) if slice_.has_more else None
         return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)

@@ -11,6 +11,7 @@ type).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -172,6 +173,74 @@ class ExecResult:
     timed_out: bool
     oom_killed: bool
 
+    def as_json(self) -> dict[str, object]:
+        """The result as the sandbox_exec tool returns it to the model, and as `spillbox exec
+        --json` prints it: one set of keys everywhere."""
+        return {
+            "exit_code": self.exit_code,
+            "output": self.text,
+            "stderr": self.stderr,
+            "timed_out": self.timed_out,
+            "oom_killed": self.oom_killed,
+            "offloaded": self.offloaded,
+            "path": self.path,
+        }
+
     @property
     def path(self) -> str | None:
         return self.artifact.path if self.artifact else None
+
+
+@dataclass(frozen=True)
+class ArtifactRow:
+    """An artifact as the catalog knows it (live, or a tombstone)."""
+
+    task_id: str
+    artifact_id: str
+    call_id: str
+    tool: str
+    name: str
+    path: str
+    bytes: int
+    tokens: int | None
+    tokens_exact: bool | None
+    sha256: str
+    created_at: float
+    last_access_at: float
+    expires_at: float | None
+    state: str
+    pinned: bool
+    redactions: int
+    deleted_at: float | None
+    deleted_by: str | None
+
+    def tombstone(self) -> str:
+        """What a read or query of this artifact says once it is deleted."""
+        when = datetime.fromtimestamp(self.deleted_at or 0, UTC).isoformat(timespec="seconds")
+        return (
+            f"artifact {self.artifact_id} of task {self.task_id} was deleted at {when} "
+            f"by policy {self.deleted_by}"
+        )
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task_id: str
+    created_at: float
+    closed_at: float | None
+    delete_after: float | None
+    retention: str
+    state: str
+    deleted_at: float | None
+    deleted_by: str | None
+
+
+@dataclass(frozen=True)
+class AccessEntry:
+    id: int
+    task_id: str
+    artifact_id: str | None
+    action: str
+    at: float
+    actor: str
+    detail: str

@@ -197,16 +197,16 @@ def test_cli_exec_json_and_tasks(docker_home: Path) -> None:
         check=True,
     )
     out = json.loads(run.stdout)
-    assert set(out) == {
+    assert set(out) == {  # the keys of the sandbox_exec tool's result: one set everywhere
         "exit_code",
-        "text",
+        "output",
         "stderr",
         "offloaded",
         "path",
         "timed_out",
         "oom_killed",
     }
-    assert out["text"].splitlines() == ["n", "300"]
+    assert out["output"].splitlines() == ["n", "300"]
     tasks = subprocess.run(
         [*cli, "tasks", *base, "--json"], capture_output=True, text=True, check=True
     )

@@ -75,6 +75,7 @@ def run_every_hint(toolset: Toolset, notice: str, depth: int = 0) -> set[str]:
 def test_the_toolset_offers_sandbox_exec_with_docker(harness: Harness) -> None:
     with harness.task("defs") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         assert toolset.names == ("sandbox_exec", "read_artifact", "list_artifacts")
         names = [d["name"] for d in toolset.definitions("anthropic")]
         assert names == list(toolset.names)
@@ -97,6 +98,7 @@ def test_before_registration_hints_are_plain_code(harness: Harness) -> None:
 def test_every_hint_a_notice_prints_runs(harness: Harness) -> None:
     with harness.task("hints") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         admitted = task.admit(
             [ToolResult(call_id=k, tool="t", content=v) for k, v in PAYLOADS.items()]
         )
@@ -111,6 +113,7 @@ def test_a_print_too_big_for_context_comes_back_as_a_notice_whose_hints_run(
 ) -> None:
     with harness.task("print") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         task.admit([ToolResult(call_id="arr", tool="t", content=PAYLOADS["arr"])])
         output = toolset.call("sandbox_exec", {"lang": "sql", "code": 'SELECT * FROM "arr"'})
         assert not output.is_error, output.text
@@ -124,6 +127,7 @@ def test_a_hint_still_runs_when_a_log_has_no_error_line(harness: Harness) -> Non
     quiet = "\n".join(f"2024-05-01 line {i} ok" for i in range(6_000))
     with harness.task("quiet") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         [item] = task.admit([ToolResult(call_id="quiet", tool="t", content=quiet)])
         run_every_hint(toolset, item.text)
 
@@ -131,6 +135,7 @@ def test_a_hint_still_runs_when_a_log_has_no_error_line(harness: Harness) -> Non
 def test_sandbox_exec_as_the_model_calls_it(harness: Harness) -> None:
     with harness.task("exec") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         task.admit([ToolResult(call_id="arr", tool="t", content=PAYLOADS["arr"])])
 
         def call(args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
@@ -158,6 +163,7 @@ def test_sandbox_exec_as_the_model_calls_it(harness: Harness) -> None:
 def test_read_artifact_and_list_artifacts_use_sandbox_paths(harness: Harness) -> None:
     with harness.task("paths") as task:
         toolset = Toolset(task)
+        task.register_tools(toolset.names)
         task.admit([ToolResult(call_id="arr", tool="list_prs", content=PAYLOADS["arr"])])
         [row] = json.loads(toolset.call("list_artifacts", {}).text)
         assert row["path"] == "/sandbox/offload/arr.json" and row["tool"] == "list_prs"

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from spillbox.errors import StorageError
+from spillbox.errors import ConfigError, StorageError
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_-]+")
@@ -333,6 +333,26 @@ class TaskStorage:
         """Delete all of the task's storage. rmtree never follows symlinks a script planted."""
         if self.root.exists():
             shutil.rmtree(self.root)
+
+
+def write_new(target: Path, data: bytes) -> None:
+    """Write a new file atomically; never replace one that appeared meanwhile."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    except OSError as e:
+        raise ConfigError(
+            f"cannot export to {target}: {e.strerror}; choose a writable destination"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.link(tmp, target)
+    except FileExistsError:
+        raise ConfigError(f"{target} already exists: choose another destination") from None
+    except OSError as e:
+        raise ConfigError(f"cannot export to {target}: {e.strerror}; free space or retry") from None
+    finally:
+        os.unlink(tmp)
 
 
 def _is_copy(name: str, folder: int, info: os.stat_result, sha256: str, size: int) -> bool:

@@ -1,0 +1,48 @@
+"""What code mode, the tools, the adapters and the loop need of a task: a Protocol that
+spillbox.harness.Task satisfies. Those modules type against it and never import the
+harness, so the package's import graph has no cycle.
+
+    def summarise(task: TaskHandle) -> int:
+        return len(task.artifacts())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from spillbox.config import Policy
+from spillbox.tokens import TokenCounter
+from spillbox.types import Admitted, ArtifactRow, ExecResult, Lang, Reason, ToolResult
+
+
+class TaskHandle(Protocol):
+    """One open task, as the layers above the harness use it."""
+
+    id: str
+    home: Path
+    """The spillbox home the task lives in (its per-home secrets are there)."""
+    counter: TokenCounter
+    policy: Policy
+    """The gate's policy."""
+    languages: tuple[str, ...]
+    """The code-mode languages the task's sandbox runs (none with sandbox="none")."""
+
+    def admit(self, results: Sequence[ToolResult]) -> list[Admitted]: ...
+
+    def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted: ...
+
+    def exec(
+        self, lang: Lang, code: str, timeout: float = ..., artifact: str | None = None
+    ) -> ExecResult: ...
+
+    def artifact(self, ref: str) -> ArtifactRow: ...
+
+    def artifacts(self, include_deleted: bool = False) -> list[ArtifactRow]: ...
+
+    def read(self, ref: str | ArtifactRow, actor: str = "harness") -> bytes: ...
+
+    def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None: ...
+
+    def register_tools(self, names: Iterable[str]) -> None: ...
