@@ -72,20 +72,30 @@ def test_reopening_is_idempotent_and_keeps_the_data(home: Path) -> None:
     assert _versions(home) == list(range(1, len(MIGRATIONS) + 1))
 
 
-def test_an_older_catalog_is_migrated_in_place_and_keeps_its_data(
-    home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("spillbox.catalog.MIGRATIONS", MIGRATIONS[:1])
-    first = Catalog(home)
-    first.open_task("t1", "{}")
-    first.add_artifact(_row("t1", "a1", sha256="a" * 64))
-    first.close()
-    assert _versions(home) == [1]
-    monkeypatch.undo()
+def test_an_older_catalog_is_migrated_in_place_and_keeps_its_data(home: Path) -> None:
+    """A catalog written by a spillbox that knew only the first two migrations, and recorded
+    them by number alone (as spillbox did before migrations were named)."""
+    home.mkdir(parents=True)
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        for migration in MIGRATIONS[:2]:
+            migration(conn)
+        conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at)")
+        conn.executemany("INSERT INTO schema_migrations VALUES (?, 0)", [(1,), (2,)])
+        conn.execute("INSERT INTO tasks (task_id, created_at, retention) VALUES ('t1', 0, '{}')")
+        old = _row("t1", "a1", sha256="a" * 64)
+        conn.execute(
+            f"INSERT INTO artifacts VALUES ({', '.join('?' * 18)})",
+            [getattr(old, f) for f in old.__dataclass_fields__ if f != "kind"],
+        )
     catalog = Catalog(home)
     assert _versions(home) == list(range(1, len(MIGRATIONS) + 1))
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        names = [r[0] for r in conn.execute("SELECT name FROM schema_migrations ORDER BY version")]
+    assert names == [migration.__name__ for migration in MIGRATIONS]
     found = catalog.identical("t1", "a" * 64, 10)
-    assert found is not None and found.artifact_id == "a1"
+    assert found is not None and found.artifact_id == "a1" and found.kind is None
+    catalog.add_artifact(_row("t1", "a2", kind="ndjson"))
+    assert [r.kind for r in catalog.artifacts("t1")] == [None, "ndjson"]
     catalog.close()
     with sqlite3.connect(home / CATALOG_FILE) as conn:
         plan = conn.execute(
@@ -94,10 +104,16 @@ def test_an_older_catalog_is_migrated_in_place_and_keeps_its_data(
     assert "artifacts_by_digest" in str(plan)
 
 
-def test_a_newer_schema_is_refused_with_a_config_error(home: Path) -> None:
+@pytest.mark.parametrize("version", [len(MIGRATIONS) + 1, 2])
+def test_a_newer_schema_is_refused_with_a_config_error(home: Path, version: int) -> None:
+    """Newer: a migration this spillbox does not know, by number or by name."""
     Catalog(home).close()
     with sqlite3.connect(home / CATALOG_FILE) as conn:
-        conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (len(MIGRATIONS) + 1, 0.0))
+        conn.execute("DELETE FROM schema_migrations WHERE version = ?", (version,))
+        conn.execute(
+            "INSERT INTO schema_migrations VALUES (?, 0.0, 'a_migration_from_the_future')",
+            (version,),
+        )
     with pytest.raises(ConfigError, match="newer than this spillbox knows.*upgrade spillbox"):
         Catalog(home)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -29,58 +29,86 @@ Action = Literal[
     "offload", "read", "query", "export", "export_denied", "delete", "pin", "unpin", "policy"
 ]
 
-MIGRATIONS: Sequence[str] = (
-    # 1: tasks, artifacts (rows stay as tombstones), and the access log.
-    """
-    CREATE TABLE tasks (
-        task_id TEXT PRIMARY KEY,
-        created_at REAL NOT NULL,
-        closed_at REAL,
-        delete_after REAL,
-        retention TEXT NOT NULL,
-        state TEXT NOT NULL DEFAULT 'open' CHECK (state IN ('open', 'closed', 'deleted')),
-        deleted_at REAL,
-        deleted_by TEXT
-    );
-    CREATE TABLE artifacts (
-        task_id TEXT NOT NULL REFERENCES tasks(task_id),
-        artifact_id TEXT NOT NULL,
-        call_id TEXT NOT NULL,
-        tool TEXT NOT NULL,
-        name TEXT NOT NULL,
-        path TEXT NOT NULL,
-        bytes INTEGER NOT NULL,
-        tokens INTEGER,
-        tokens_exact INTEGER,
-        sha256 TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        last_access_at REAL NOT NULL,
-        expires_at REAL,
-        state TEXT NOT NULL DEFAULT 'live' CHECK (state IN ('live', 'deleted')),
-        pinned INTEGER NOT NULL DEFAULT 0,
-        redactions INTEGER NOT NULL DEFAULT 0,
-        deleted_at REAL,
-        deleted_by TEXT,
-        PRIMARY KEY (task_id, artifact_id)
-    );
-    CREATE INDEX artifacts_by_expiry ON artifacts(state, expires_at);
-    CREATE INDEX artifacts_by_call ON artifacts(task_id, call_id);
-    CREATE TABLE access_log (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        task_id TEXT NOT NULL,
-        artifact_id TEXT,
-        action TEXT NOT NULL,
-        at REAL NOT NULL,
-        actor TEXT NOT NULL,
-        detail TEXT NOT NULL DEFAULT ''
-    );
-    CREATE INDEX access_log_by_task ON access_log(task_id, id);
-    """,
-    # 2: finding the stored copy of the same bytes without scanning every artifact of a task.
-    """
-    CREATE INDEX artifacts_by_digest ON artifacts(task_id, sha256);
-    """,
+Migration = Callable[[sqlite3.Connection], None]
+"""One schema change, run inside the migrating transaction."""
+
+
+def create_tasks_artifacts_and_access_log(conn: sqlite3.Connection) -> None:
+    """Tasks, artifacts (rows stay as tombstones), and the access log."""
+    conn.execute(
+        """
+        CREATE TABLE tasks (
+            task_id TEXT PRIMARY KEY,
+            created_at REAL NOT NULL,
+            closed_at REAL,
+            delete_after REAL,
+            retention TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'open' CHECK (state IN ('open', 'closed', 'deleted')),
+            deleted_at REAL,
+            deleted_by TEXT
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE artifacts (
+            task_id TEXT NOT NULL REFERENCES tasks(task_id),
+            artifact_id TEXT NOT NULL,
+            call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            name TEXT NOT NULL,
+            path TEXT NOT NULL,
+            bytes INTEGER NOT NULL,
+            tokens INTEGER,
+            tokens_exact INTEGER,
+            sha256 TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            last_access_at REAL NOT NULL,
+            expires_at REAL,
+            state TEXT NOT NULL DEFAULT 'live' CHECK (state IN ('live', 'deleted')),
+            pinned INTEGER NOT NULL DEFAULT 0,
+            redactions INTEGER NOT NULL DEFAULT 0,
+            deleted_at REAL,
+            deleted_by TEXT,
+            PRIMARY KEY (task_id, artifact_id)
+        )
+        """
+    )
+    conn.execute("CREATE INDEX artifacts_by_expiry ON artifacts(state, expires_at)")
+    conn.execute("CREATE INDEX artifacts_by_call ON artifacts(task_id, call_id)")
+    conn.execute(
+        """
+        CREATE TABLE access_log (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            task_id TEXT NOT NULL,
+            artifact_id TEXT,
+            action TEXT NOT NULL,
+            at REAL NOT NULL,
+            actor TEXT NOT NULL,
+            detail TEXT NOT NULL DEFAULT ''
+        )
+        """
+    )
+    conn.execute("CREATE INDEX access_log_by_task ON access_log(task_id, id)")
+
+
+def index_artifacts_by_digest(conn: sqlite3.Connection) -> None:
+    """Finding the stored copy of the same bytes without scanning every artifact of a task."""
+    conn.execute("CREATE INDEX artifacts_by_digest ON artifacts(task_id, sha256)")
+
+
+def record_artifact_kind(conn: sqlite3.Connection) -> None:
+    """Each artifact's shape kind as the profile found it, so that a reader pages it by its
+    shape rather than by guessing from its file extension (older rows: NULL)."""
+    conn.execute("ALTER TABLE artifacts ADD COLUMN kind TEXT")
+
+
+MIGRATIONS: Sequence[Migration] = (
+    create_tasks_artifacts_and_access_log,
+    index_artifacts_by_digest,
+    record_artifact_kind,
 )
+"""Applied in order, each once, and recorded in schema_migrations by name (and number)."""
 
 
 class Catalog:
@@ -161,21 +189,33 @@ class Catalog:
         with self.transaction("migrating the schema") as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL, name TEXT)"
             )
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-            if done and max(done) > len(MIGRATIONS):
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(schema_migrations)")}
+            if "name" not in columns:  # a catalog from before migrations were named
+                conn.execute("ALTER TABLE schema_migrations ADD COLUMN name TEXT")
+                for version, migration in enumerate(MIGRATIONS, start=1):
+                    conn.execute(
+                        "UPDATE schema_migrations SET name = ? WHERE version = ?",
+                        (migration.__name__, version),
+                    )
+            done = dict(conn.execute("SELECT name, version FROM schema_migrations").fetchall())
+            known = {migration.__name__ for migration in MIGRATIONS}
+            unknown = [str(name) for name in done if name not in known]
+            if unknown or (done and max(done.values()) > len(MIGRATIONS)):
+                newest = max(done.values())
                 raise ConfigError(
-                    f"the catalog {self.path} has schema version {max(done)}, newer than this "
+                    f"the catalog {self.path} has schema version {newest}, newer than this "
                     f"spillbox knows ({len(MIGRATIONS)}): upgrade spillbox"
                 )
-            for version, script in enumerate(MIGRATIONS, start=1):
-                if version in done:
+            for version, migration in enumerate(MIGRATIONS, start=1):
+                if migration.__name__ in done:
                     continue
-                for statement in script.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
+                migration(conn)
+                conn.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                    (version, time.time(), migration.__name__),
+                )
 
     def schema_version(self) -> int:
         rows = self._query(
@@ -257,12 +297,12 @@ class Catalog:
         with self.transaction("recording an artifact") as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO artifacts VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.task_id, row.artifact_id, row.call_id, row.tool, row.name, row.path,
                     row.bytes, row.tokens, row.tokens_exact, row.sha256, row.created_at,
                     row.last_access_at, row.expires_at, row.state, row.pinned, row.redactions,
-                    row.deleted_at, row.deleted_by,
+                    row.deleted_at, row.deleted_by, row.kind,
                 ),
             )  # fmt: skip
             _log(conn, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)

@@ -127,6 +127,7 @@ def _publish(
             redactions=redactions,
             deleted_at=None,
             deleted_by=None,
+            kind=shape.kind,
         )
         try:
             dest.catalog.add_artifact(row)

@@ -225,7 +225,7 @@ class Toolset:
         widest = Page("bytes", (most, most), (most, most), most, None, "", True)
         envelope = counter.count(_body(row, widest, self._cursor(expect, widest.end)))
         limit = max(task.policy.per_call_tokens - envelope, 1)
-        slice_ = page(data, row.sha256, _kind(row.name), start, counter, limit)
+        slice_ = page(data, row.sha256, row.kind or _kind(row.name), start, counter, limit)
         next_cursor = self._cursor(expect, slice_.end) if slice_.has_more else None
         return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)
 
@@ -296,6 +296,7 @@ def _position(start: tuple[int, int], end: tuple[int, int]) -> dict[str, int]:
 
 
 def _kind(name: str) -> str:
+    """The shape kind of an artifact recorded before its kind was kept, from its extension."""
     extension = name.rsplit(".", 1)[-1]
     return {"json": "json_array", "ndjson": "ndjson"}.get(extension, "text")
 

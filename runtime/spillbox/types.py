@@ -213,6 +213,8 @@ class ArtifactRow:
     redactions: int
     deleted_at: float | None
     deleted_by: str | None
+    kind: str | None = None
+    """The payload's shape kind (spillbox.types.ShapeKind); None if recorded before it was kept."""
 
     def tombstone(self) -> str:
         """What a read or query of this artifact says once it is deleted."""
