@@ -22,15 +22,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import docker
-import docker.errors
 
 from spillbox.errors import ConfigError, SandboxError
+from spillbox.sandbox.docker_errors import DOCKER_FAILURES, detail, translated, unless_gone
 
 IMAGE_REPOSITORY = "spillbox-sandbox"
 BASE_REPOSITORY = "spillbox-base"
@@ -176,7 +177,7 @@ def prune_outdated(client: docker.DockerClient, keep: str, report: Progress) -> 
         for ref in image.tags or [image.id]:
             try:
                 client.images.remove(ref)
-            except docker.errors.APIError:
+            except DOCKER_FAILURES:
                 continue  # in use, or removed meanwhile by another process
             report(f"removed outdated image {ref}")
 
@@ -280,7 +281,7 @@ def _registry_base_usable(
         if event is None:
             return True
         if isinstance(event, Exception) or "error" in event:
-            reason = _error_text(event) if isinstance(event, Exception) else str(event["error"])
+            reason = detail(event) if isinstance(event, Exception) else str(event["error"])
             report(f"no registry: pulling {image} failed: {_one_line(reason)}")
             return False
         for line in _event_lines(event):
@@ -459,23 +460,15 @@ def _run(
         raise SandboxError(f"{what} failed (exit {process.returncode}: {last}); {hint}")
 
 
-@contextmanager
-def _docker_errors(what: str, hint: str) -> Iterator[None]:
-    """Translate Docker SDK and connection failures into one-line SandboxErrors."""
-    try:
-        yield
-    except (docker.errors.DockerException, OSError) as exc:
-        # requests' connection errors are OSErrors: the engine stopped answering.
-        raise SandboxError(f"{what} failed: {_one_line(_error_text(exc))}; {hint}") from exc
+def _docker_errors(what: str, hint: str) -> AbstractContextManager[None]:
+    """The image builder's wording of a Docker failure (docker_errors.py's table):
+    "<what> failed: <detail>; <hint>", on one line."""
+    return translated(lambda said: f"{what} failed: {_one_line(said)}; {hint}")
 
 
 def _image_exists(client: docker.DockerClient, image: str) -> bool:
     with _docker_errors(f"looking up image {image}", "check that Docker is running"):
-        try:
-            client.images.get(image)
-        except docker.errors.ImageNotFound:
-            return False
-    return True
+        return unless_gone(partial(client.images.get, image), None) is not None
 
 
 def _event_lines(event: Mapping[str, Any]) -> list[str]:
@@ -487,10 +480,6 @@ def _event_lines(event: Mapping[str, Any]) -> list[str]:
     if "status" in event:
         return [" ".join(str(event[key]) for key in ("status", "id") if key in event)]
     return []
-
-
-def _error_text(exc: Exception) -> str:
-    return str(getattr(exc, "explanation", None) or exc)
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -1,0 +1,63 @@
+"""The Docker backend: one hardened container per task.
+
+The task's storage is bind-mounted: offload/ read-only at /sandbox/offload, work/ at
+/sandbox/work, cache/ at /sandbox/cache. The host writes payloads straight into
+offload/, so an offload never waits for the container, which starts in the background.
+
+    backend = DockerBackend(Path("~/.spillbox").expanduser())
+    storage = backend.storage("t1"); backend.create(storage)
+    backend.exec(storage, "sh", "ls /sandbox/offload", timeout=10)
+
+The modules, from the top:
+
+- backend: DockerBackend finds, creates, sweeps and removes containers by their labels;
+  SandboxOptions, connect(), cleanup_home().
+- session: TaskSandbox, what a process holds for one task (its container, SQL engine
+  connection, background start, running scripts), and the execs that run in it.
+- engine: the connection to a sandbox's SQL engine.
+- outcome: how an exec can end (one table), classify(), and the host's deadlines.
+- stream: an exec's output as read: the raw connection, the watched frames, the cap.
+- state: what Docker says of a container (running, settled, out of memory).
+- layout: the uids and paths inside the sandbox.
+
+Docker's exceptions become spillbox errors in one table, spillbox.sandbox.docker_errors.
+"""
+
+from __future__ import annotations
+
+from spillbox.sandbox.docker.backend import (
+    LABEL_EXPIRES,
+    LABEL_HOME,
+    LABEL_IMAGE,
+    LABEL_OWNER,
+    LABEL_TASK,
+    MAX_CODE_BYTES,
+    DockerBackend,
+    SandboxOptions,
+    cleanup_home,
+    connect,
+)
+from spillbox.sandbox.docker.layout import ENGINE_UID, OFFLOAD_MOUNT, SANDBOX_GID, SCRIPT_UID
+from spillbox.sandbox.docker.outcome import Outcome
+from spillbox.sandbox.docker.session import TaskSandbox
+from spillbox.sandbox.docker.stream import OUTPUT_TAIL_BYTES
+
+__all__ = [
+    "ENGINE_UID",
+    "LABEL_EXPIRES",
+    "LABEL_HOME",
+    "LABEL_IMAGE",
+    "LABEL_OWNER",
+    "LABEL_TASK",
+    "MAX_CODE_BYTES",
+    "OFFLOAD_MOUNT",
+    "OUTPUT_TAIL_BYTES",
+    "SANDBOX_GID",
+    "SCRIPT_UID",
+    "DockerBackend",
+    "Outcome",
+    "SandboxOptions",
+    "TaskSandbox",
+    "cleanup_home",
+    "connect",
+]

@@ -1,0 +1,377 @@
+"""The Docker backend: finds, creates and removes each task's container, by its labels.
+
+What a process holds for one task between calls (its container, engine connection,
+background start, running scripts) is that task's TaskSandbox (session.py); this module
+keeps one per task and hands each call to it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.types import LogConfig
+
+from spillbox.errors import ExecError, SandboxError, retry
+from spillbox.sandbox.base import SandboxBackend
+from spillbox.sandbox.docker.engine import kill_engines
+from spillbox.sandbox.docker.layout import (
+    CACHE_MOUNT,
+    ENGINE_UID,
+    ENGINE_USER,
+    OFFLOAD_MOUNT,
+    SANDBOX_GID,
+    SCRIPT_UID,
+    SCRIPT_USER,
+    WORK_MOUNT,
+)
+from spillbox.sandbox.docker.session import TaskSandbox
+from spillbox.sandbox.docker.state import state, stopped_under
+from spillbox.sandbox.docker_errors import (
+    DOCKER_FAILURES,
+    Fault,
+    docker_errors,
+    fault_of,
+    translated,
+    unless_gone,
+)
+from spillbox.sandbox.image import ensure_image, image_tag
+from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
+from spillbox.types import RawExec
+
+LABEL_TASK = "spillbox.task"
+LABEL_HOME = "spillbox.home"
+LABEL_OWNER = "spillbox.owner"
+LABEL_EXPIRES = "spillbox.expires"
+LABEL_IMAGE = "spillbox.image-tag"
+
+DEFAULT_MEMORY = "1g"
+DEFAULT_PIDS = 256
+DEFAULT_CPUS = 1.0
+DEFAULT_TMP_SIZE = "64m"
+DEFAULT_EXPIRY = timedelta(days=7)
+DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
+MAX_CODE_BYTES = 256 * 1024
+CREATE_ATTEMPTS = 5
+REMOVAL_SECONDS = 30.0
+"""How long a container that is being removed may take to go, before a new one replaces it."""
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """How a task's container is confined. Every relaxation is an explicit field.
+
+    >>> SandboxOptions(memory="2g").network
+    False
+    """
+
+    network: bool = False
+    """Give the container a network (default: none at all)."""
+    read_only_root: bool = True
+    """Mount the image's filesystem read-only; only /tmp, /sandbox/work and cache are writable."""
+    memory: str = DEFAULT_MEMORY
+    """Memory limit (swap included)."""
+    pids: int = DEFAULT_PIDS
+    """Most processes at once: a fork bomb stops here."""
+    cpus: float = DEFAULT_CPUS
+    tmp_size: str = DEFAULT_TMP_SIZE
+    """Size cap of the /tmp tmpfs."""
+    runtime: str | None = None
+    """An OCI runtime, e.g. "runsc" for gVisor where the engine has it."""
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    """stdout kept per exec; past it the head and a tail are kept, the middle dropped."""
+    expiry: timedelta = DEFAULT_EXPIRY
+    """Written on the container as a label, for garbage collection."""
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def connect() -> docker.DockerClient:
+    """A client for the local engine, or a SandboxError that says how to start one."""
+    with translated(
+        lambda _said: (
+            "Docker is not running (no engine answered): start it, e.g. "
+            "`sudo systemctl start docker`, or run scripts/ensure-docker.sh as root"
+        )
+    ):
+        client = docker.from_env(timeout=120)
+        client.ping()
+    return client
+
+
+class DockerBackend(SandboxBackend):
+    """One hardened container per task, found again by its labels after a restart."""
+
+    kind = "docker"
+    languages = ("sql", "jq", "python", "sh")
+
+    def __init__(self, home: Path, options: SandboxOptions | None = None) -> None:
+        super().__init__(home)
+        self.options = options or SandboxOptions()
+        self._client: docker.DockerClient | None = None
+        self._home_label = str(home.resolve())
+        self._sandboxes: dict[str, TaskSandbox] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect()
+        return self._client
+
+    def container_name(self, storage: TaskStorage) -> str:
+        home_digest = hashlib.sha256(self._home_label.encode()).hexdigest()[:8]
+        return f"spillbox-{home_digest}-{safe_name(storage.task_id)}"
+
+    def create(self, storage: TaskStorage) -> None:
+        """Prepare the task's storage for the sandbox's two uids."""
+        storage.ensure()
+        os.chown(storage.work, SCRIPT_UID, SANDBOX_GID)
+        os.chown(storage.cache, ENGINE_UID, SANDBOX_GID)
+        os.chmod(storage.work, 0o770)
+        os.chmod(storage.cache, 0o750)
+
+    def sandbox(self, storage: TaskStorage) -> TaskSandbox:
+        """The task's TaskSandbox, made on first use."""
+        with self._lock:
+            sandbox = self._sandboxes.get(storage.task_id)
+            if sandbox is None:
+                sandbox = self._sandboxes[storage.task_id] = TaskSandbox(
+                    storage.task_id,
+                    client=lambda: self.client,
+                    provide=partial(self._find_or_create, storage),
+                    max_output_bytes=self.options.max_output_bytes,
+                )
+        return sandbox
+
+    def warm(self, storage: TaskStorage) -> None:
+        """Start (or find) the task's container in the background; idempotent."""
+        self.sandbox(storage).warm()
+
+    def container(self, storage: TaskStorage) -> Any:
+        """The task's running container: found by label, started, or created."""
+        return self.sandbox(storage).container()
+
+    def visible_path(self, stored: StoredFile) -> str:
+        return f"{OFFLOAD_MOUNT}/{stored.name}"
+
+    def exec(self, storage: TaskStorage, lang: str, code: str, timeout: float) -> RawExec:
+        if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+            raise ExecError(f"script is over {MAX_CODE_BYTES} bytes: write it shorter")
+        return self.sandbox(storage).exec(lang, code, timeout)
+
+    def release(self, storage: TaskStorage) -> None:
+        sandbox = self._held(storage.task_id)
+        if sandbox is not None:
+            sandbox.drop_engine()
+
+    def close(self) -> None:
+        with self._lock:
+            sandboxes = list(self._sandboxes.values())
+        for sandbox in sandboxes:
+            sandbox.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def destroy_sandbox(self, storage: TaskStorage) -> None:
+        with self._lock:
+            sandbox = self._sandboxes.pop(storage.task_id, None)
+        if sandbox is not None:
+            sandbox.close()
+        with docker_errors(f"removing the container of task {storage.task_id!r}"):
+            for container in self._containers({LABEL_TASK: storage.task_id}):
+                container.remove(force=True, v=True)
+
+    def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
+        """Stop every SQL engine of the task (any process's: they hold the tables open) and
+        delete what scripts left in the container's /tmp since the payload was created,
+        then what the host holds; the next query starts an engine that reloads what is left."""
+        self.release(storage)
+        with docker_errors("deleting what a payload left in its sandbox"):
+            for container in self._containers({LABEL_TASK: storage.task_id}):
+                if container.status != "running":
+                    continue  # a stopped container's /tmp (a tmpfs) is gone with it
+                kill_engines(container)
+                try:
+                    container.exec_run(
+                        ["find", "/tmp", "-xdev", "-mindepth", "1", "-newerct",
+                         f"@{int(since)}", "-delete"],
+                        user=SCRIPT_USER,
+                    )  # fmt: skip
+                except DOCKER_FAILURES as failure:
+                    # Stopped since it was listed: nothing is left to delete.
+                    if not stopped_under(failure, container, self.client):
+                        raise
+        super().forget_derived(storage, sha256, size, since)
+
+    def sweep(
+        self, unused: Callable[[str], AbstractContextManager[bool]], dry_run: bool
+    ) -> list[str]:
+        removed = []
+        with docker_errors("sweeping containers"):
+            for container in self._containers({}):
+                task_id = container.labels.get(LABEL_TASK, "")
+                with unused(task_id) as yes:
+                    if not yes:
+                        continue
+                    removed.append(f"{container.name} (task {task_id})")
+                    if not dry_run:
+                        # Gone already: another collector got there first.
+                        unless_gone(partial(container.remove, force=True, v=True), None)
+        return removed
+
+    def _held(self, task_id: str) -> TaskSandbox | None:
+        with self._lock:
+            return self._sandboxes.get(task_id)
+
+    def _find_or_create(self, storage: TaskStorage) -> Any:
+        """The task's running container: found by label (and started), or created."""
+        with docker_errors(f"finding the container of task {storage.task_id!r}"):
+            found = self._containers({LABEL_TASK: storage.task_id})
+        tag = image_tag()
+        for container in found:
+            if container.labels.get(LABEL_IMAGE) != tag:
+                # Built from an outdated image: payloads live on the host, so replace it.
+                with docker_errors("removing an outdated container"):
+                    container.remove(force=True)
+                continue
+            if container.status != "running" and not self._start(container):
+                continue  # removed (by a collector, or from outside) as we started it
+            return container
+        ensure_image(self.client)
+        return self._create_container(storage, tag)
+
+    def _create_container(self, storage: TaskStorage, tag: str) -> Any:
+        name = self.container_name(storage)
+        run_options = self._run_options(storage, name, tag)
+
+        def claim() -> Any:
+            try:
+                return self.client.containers.run(tag, **run_options)
+            except DOCKER_FAILURES as failure:
+                if fault_of(failure) is not Fault.CONFLICT:
+                    raise
+            # The name is taken: another process created it first (use theirs), or a
+            # removal of the old one is still finishing (try again).
+            container = unless_gone(partial(self.client.containers.get, name), None)
+            if container is None:
+                time.sleep(0.2)
+            elif container.status == "running" or self._start(container):
+                return container
+            raise SandboxError(
+                f"Docker kept refusing the container name {name}: "
+                f"remove it with `docker rm -f {name}`",
+                retryable=True,
+            )
+
+        with translated(
+            lambda said: f"Docker could not start the sandbox of task {storage.task_id!r}: {said}"
+        ):
+            return retry(claim, CREATE_ATTEMPTS)
+
+    def _run_options(self, storage: TaskStorage, name: str, tag: str) -> dict[str, Any]:
+        """The hardened container's settings (README, "The sandbox"): every relaxation is a
+        field of SandboxOptions."""
+        options = self.options
+        expires = datetime.now(UTC) + options.expiry
+        labels = {
+            LABEL_TASK: storage.task_id,
+            LABEL_HOME: self._home_label,
+            LABEL_OWNER: getpass.getuser(),
+            LABEL_EXPIRES: expires.isoformat(timespec="seconds"),
+            LABEL_IMAGE: tag,
+            **options.extra_labels,
+        }
+        volumes = {
+            str(storage.offload): {"bind": OFFLOAD_MOUNT, "mode": "ro"},
+            str(storage.work): {"bind": WORK_MOUNT, "mode": "rw"},
+            str(storage.cache): {"bind": CACHE_MOUNT, "mode": "rw"},
+        }
+        run_options: dict[str, Any] = {
+            "name": name,
+            "detach": True,
+            "labels": labels,
+            "user": ENGINE_USER,
+            "working_dir": WORK_MOUNT,
+            "environment": {"HOME": WORK_MOUNT},
+            "volumes": volumes,
+            "read_only": options.read_only_root,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "pids_limit": options.pids,
+            "mem_limit": options.memory,
+            "memswap_limit": options.memory,
+            "nano_cpus": int(options.cpus * 1e9),
+            "tmpfs": {"/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}"},
+            "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+            "ipc_mode": "private",
+        }
+        if not options.network:
+            run_options["network_mode"] = "none"
+        if options.runtime:
+            run_options["runtime"] = options.runtime
+        return run_options
+
+    def _start(self, container: Any) -> bool:
+        """Start a stopped container; False if it was removed, or is being removed, under us
+        (the caller then creates a new one: the payloads are on the host)."""
+        with docker_errors(f"starting container {container.name}"):
+            try:
+                container.start()
+                container.reload()
+                return True
+            except DOCKER_FAILURES as failure:
+                fault = fault_of(failure)
+                if fault is Fault.GONE:
+                    return False
+                if not fault.answered:
+                    raise
+                # "marked for removal and cannot be started" (409 or 500 by engine version):
+                # wait for the removal to finish, then report it gone.
+                deadline = time.monotonic() + REMOVAL_SECONDS
+                while (now := state(container, self.client)).get("Status") in (
+                    "removing",
+                    "dead",
+                ) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if not now:
+                    return False
+                raise
+
+    def _containers(self, labels: dict[str, str]) -> list[Any]:
+        filters = [f"{k}={v}" for k, v in {LABEL_HOME: self._home_label, **labels}.items()]
+        # ignore_removed: a container being created or removed by another thread can be
+        # listed and then vanish before the SDK inspects it.
+        found: list[Any] = self.client.containers.list(
+            all=True, filters={"label": filters}, ignore_removed=True
+        )
+        return found
+
+    def list(self) -> list[str]:
+        with docker_errors("listing containers"):
+            running = {c.labels[LABEL_TASK] for c in self._containers({})}
+        return sorted(running | set(super().list()))
+
+
+def cleanup_home(home: Path) -> None:
+    """Remove every container made for a home, and all task storage (tests use this)."""
+    backend = DockerBackend(home)
+    try:
+        with docker_errors("cleaning up"):
+            for container in backend._containers({}):
+                container.remove(force=True, v=True)
+        for task_id in backend.list():
+            backend.storage(task_id).destroy()
+    finally:
+        backend.close()
