@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from spillbox.sandbox.storage import StoredFile, TaskStorage, stored_task_ids
-from spillbox.types import RawExec as RawExec  # imported from here until the Docker split lands
+from spillbox.types import RawExec
 
 
 class SandboxBackend(ABC):

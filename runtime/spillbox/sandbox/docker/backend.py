@@ -48,7 +48,7 @@ from spillbox.sandbox.docker_errors import (
 )
 from spillbox.sandbox.image import ensure_image, image_tag
 from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
-from spillbox.types import RawExec
+from spillbox.types import LANGS, RawExec
 
 LABEL_TASK = "spillbox.task"
 LABEL_HOME = "spillbox.home"
@@ -113,7 +113,7 @@ class DockerBackend(SandboxBackend):
     """One hardened container per task, found again by its labels after a restart."""
 
     kind = "docker"
-    languages = ("sql", "jq", "python", "sh")
+    languages = LANGS
 
     def __init__(self, home: Path, options: SandboxOptions | None = None) -> None:
         super().__init__(home)
