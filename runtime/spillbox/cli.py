@@ -148,6 +148,24 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--home", help="spillbox home (default: a temp folder, removed after)")
     demo.set_defaults(func=_demo)
 
+    mcp = commands.add_parser("mcp", help="spillbox as an MCP server (stdio)")
+    mcp_commands = mcp.add_subparsers(required=True, metavar="ACTION")
+    proxy = mcp_commands.add_parser(
+        "proxy",
+        parents=[common],
+        help="gate every tool result of an MCP server: spillbox mcp proxy -- COMMAND ARGS...",
+    )
+    proxy.add_argument("--task", help="task id (default: a new task per connection)")
+    _retention_flags(proxy)
+    proxy.add_argument("command", nargs="+", metavar="COMMAND", help="the server to run")
+    proxy.set_defaults(func=_mcp)
+    serve = mcp_commands.add_parser(
+        "serve", parents=[common], help="spillbox's tools alone, over a task's payloads"
+    )
+    serve.add_argument("--task", required=True)
+    _retention_flags(serve)
+    serve.set_defaults(func=_mcp, command=None)
+
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
     build = image_commands.add_parser("build", help="build the sandbox image if missing")
@@ -387,6 +405,16 @@ def _call(args: argparse.Namespace) -> int:
         output = toolset.call(args.tool, args.arguments)
     print(output.text)
     return 1 if output.is_error else 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from spillbox.mcp import new_task_id, run
+
+    args.task = args.task or new_task_id()
+    # A long-lived server: garbage collection runs in the background, as in a harness.
+    with Harness(sandbox=args.sandbox, home=args.home) as harness, _task(args, harness) as task:
+        run(task, args.command)
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from spillbox.codemode import DEFAULT_TIMEOUT
@@ -31,6 +31,9 @@ SANDBOX_EXEC = "sandbox_exec"
 READ_ARTIFACT = "read_artifact"
 LIST_ARTIFACTS = "list_artifacts"
 TOOL_NAMES = (SANDBOX_EXEC, READ_ARTIFACT, LIST_ARTIFACTS)
+PREFIX = "spillbox_"
+"""Put before a tool's name where another tool of the model's set already has that name
+(an MCP server's own tool, behind `spillbox mcp proxy`)."""
 
 Format = Literal["openai", "responses", "anthropic"]
 
@@ -153,9 +156,17 @@ class ToolOutput:
     """False for read_artifact pages: already bounded, and offloading one would loop."""
 
 
-def tool_names(languages: Sequence[str]) -> tuple[str, ...]:
-    """The tools a task offers: sandbox_exec only where the sandbox runs code mode."""
-    return tuple(name for name in TOOL_NAMES if languages or name != SANDBOX_EXEC)
+def tool_names(languages: Sequence[str], taken: Collection[str] = ()) -> tuple[str, ...]:
+    """The tools a task offers, as the model sees them: sandbox_exec only where the sandbox
+    runs code mode; a name already taken by another tool gets PREFIX."""
+    names = (name for name in TOOL_NAMES if languages or name != SANDBOX_EXEC)
+    return tuple(PREFIX + name if name in taken else name for name in names)
+
+
+def canonical(name: str) -> str:
+    """spillbox's own name for a tool the model sees as name (with or without PREFIX)."""
+    bare = name.removeprefix(PREFIX)
+    return bare if bare in TOOL_NAMES else name
 
 
 class Toolset:
@@ -166,13 +177,15 @@ class Toolset:
     '[]'
     """
 
-    def __init__(self, task: TaskHandle) -> None:
+    def __init__(self, task: TaskHandle, taken: Collection[str] = ()) -> None:
+        """taken: names of the model's other tools; one of ours that has such a name is
+        offered as PREFIX + name (and notices' hints say so once registered)."""
         self.task = task
-        self.names = tool_names(task.languages)
+        self.names = tool_names(task.languages, taken)
         self._signer = CursorSigner(task.home)
 
     def specs(self) -> list[ToolSpec]:
-        return [SPECS[name] for name in self.names]
+        return [replace(SPECS[canonical(name)], name=name) for name in self.names]
 
     def definitions(self, fmt: Format = "openai") -> list[dict[str, Any]]:
         return [spec.definition(fmt) for spec in self.specs()]
@@ -185,6 +198,7 @@ class Toolset:
                 raise TypeError("arguments must be a JSON object")
             if name not in self.names:
                 return _error(f"unknown tool {name!r}: available are {', '.join(self.names)}")
+            name = canonical(name)
             args = _arguments(SPECS[name], args)
             if name == SANDBOX_EXEC:
                 return self._exec(args)
@@ -250,17 +264,18 @@ class Toolset:
 
 
 def tool_hints(plain: Sequence[Hint], artifact: Artifact, tools: frozenset[str]) -> list[Hint]:
-    """The notice's hints as calls of the registered tools (code-mode hints otherwise)."""
+    """The notice's hints as calls of the registered tools, by the names the model sees
+    (code-mode hints otherwise)."""
     if not tools:
         return list(plain)
+    visible = {canonical(name): name for name in tools}
     hints: list[Hint] = []
-    if SANDBOX_EXEC in tools and plain:
+    if SANDBOX_EXEC in visible and plain:
         first = plain[0]
-        hints.append(
-            Hint(first.lang, first.code, SANDBOX_EXEC, {"lang": first.lang, "code": first.code})
-        )
-    if READ_ARTIFACT in tools:
-        hints.append(Hint("", "", READ_ARTIFACT, {"path": artifact.path}))
+        args = {"lang": first.lang, "code": first.code}
+        hints.append(Hint(first.lang, first.code, visible[SANDBOX_EXEC], args))
+    if READ_ARTIFACT in visible:
+        hints.append(Hint("", "", visible[READ_ARTIFACT], {"path": artifact.path}))
     return hints
 
 

@@ -1,0 +1,38 @@
+"""spillbox as MCP: a proxy that gates every tool result of a real MCP server, and
+spillbox's own tools as an MCP server.
+
+    spillbox mcp proxy --task gh -- npx -y @modelcontextprotocol/server-github
+    spillbox mcp serve --task gh
+
+    from spillbox.mcp import run
+    run(task, ["mcp-server-git", "--repository", "."])   # serves stdin/stdout until EOF
+
+Modules: proxy (the server and what passes through), upstream (the real server as a
+subprocess), step (overlapping calls as one step), results (a CallToolResult through the
+gate), conform (structuredContent an outputSchema accepts), local (spillbox's tools as MCP
+tools), transport (stdio, answering malformed lines).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from functools import partial
+
+import anyio
+
+from spillbox.mcp.proxy import serve_stdio
+from spillbox.mcp.step import STEP_BOUND_SECONDS
+from spillbox.protocols import TaskHandle
+
+__all__ = ["STEP_BOUND_SECONDS", "new_task_id", "run"]
+
+
+def run(task: TaskHandle, command: Sequence[str] | None = None) -> None:
+    """Serve MCP on stdin/stdout: in front of command's server, or spillbox's tools alone."""
+    anyio.run(partial(serve_stdio, task, command))
+
+
+def new_task_id() -> str:
+    """A task id for a proxy started without --task: one task per client connection."""
+    return f"mcp-{secrets.token_hex(4)}"

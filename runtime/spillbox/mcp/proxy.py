@@ -1,0 +1,269 @@
+"""The MCP server spillbox runs: in front of an upstream server (`spillbox mcp proxy`), or
+with spillbox's tools alone (`spillbox mcp serve`).
+
+    proxy = Proxy(task, ["npx", "@modelcontextprotocol/server-filesystem", "/data"], group)
+    await proxy.server.run(read, write, proxy.options())
+
+Everything but tools/call passes through to the upstream as it came (initialize and its
+capabilities, resources, prompts, completions, logging, list_changed notifications,
+progress, cancellation, and the upstream's sampling, elicitation and roots requests).
+tools/call results pass the gate, the calls that overlap in time as one step
+(spillbox.mcp.step); spillbox's tools join the upstream's list, prefixed on a collision.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from pydantic import BaseModel, ValidationError
+
+from spillbox.mcp.local import LocalTools, as_call_result
+from spillbox.mcp.results import gated, tool_result
+from spillbox.mcp.step import STEP_BOUND_SECONDS, Steps
+from spillbox.mcp.transport import stdio
+from spillbox.mcp.upstream import UPSTREAM_GONE, Client, Upstream
+from spillbox.protocols import TaskHandle
+from spillbox.tools import tool_names
+from spillbox.types import Admitted, ToolResult
+
+UPSTREAM_START_SECONDS = 120.0
+"""How long the upstream may take to start and answer initialize (npx may download it)."""
+
+Ctx = ServerRequestContext[Any, Any]
+
+# Requests passed to the upstream as they are, with the result each expects.
+_FORWARDED: tuple[tuple[type[Any], type[BaseModel]], ...] = (
+    (types.ListResourcesRequest, types.ListResourcesResult),
+    (types.ListResourceTemplatesRequest, types.ListResourceTemplatesResult),
+    (types.ReadResourceRequest, types.ReadResourceResult),
+    (types.SubscribeRequest, types.EmptyResult),
+    (types.UnsubscribeRequest, types.EmptyResult),
+    (types.ListPromptsRequest, types.ListPromptsResult),
+    (types.GetPromptRequest, types.GetPromptResult),
+    (types.CompleteRequest, types.CompleteResult),
+    (types.SetLevelRequest, types.EmptyResult),
+)
+
+
+class Proxy:
+    """One client connection: its upstream (if any), spillbox's tools and the gate."""
+
+    def __init__(
+        self,
+        task: TaskHandle,
+        command: Sequence[str] | None,
+        group: anyio.abc.TaskGroup,
+        bound: float = STEP_BOUND_SECONDS,
+    ) -> None:
+        self.task = task
+        self.group = group
+        self.client = Client()
+        self.upstream = Upstream(command, self.client, self._from_upstream) if command else None
+        self.upstream_tools: dict[str, types.Tool] = {}
+        self.local = LocalTools(task)
+        self.steps = Steps(self._admit, bound)
+        self._calls = itertools.count(1)
+        self.server = self._server()
+
+    def options(self) -> InitializationOptions:
+        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+    def _server(self) -> Server[Any]:
+        server: Server[Any] = Server(
+            "spillbox", on_list_tools=self._list_tools, on_call_tool=self._call_tool
+        )
+        server.middleware.append(self._handshake)
+        if self.upstream is not None:
+            for request, result in _FORWARDED:
+                method = request.model_fields["method"].default
+                params = types.PaginatedRequestParams
+                if request.model_fields["params"].is_required():
+                    params = request.model_fields["params"].annotation
+                server.add_request_handler(method, params, self._forward(request, result))
+            server.add_notification_handler(
+                "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
+            )
+        return server
+
+    async def watch(self) -> None:
+        """Tell the client when the upstream exits; spillbox's tools keep working."""
+        if self.upstream is None:
+            return
+        await self.upstream.exited.wait()
+        message = (
+            f"{self.upstream.gone}; spillbox's tools ({', '.join(self.local.names)}) still work"
+        )
+        print(f"spillbox: {message}", file=sys.stderr)
+        self.upstream_tools = {}
+        await self._to_client(
+            types.LoggingMessageNotification(
+                params=types.LoggingMessageNotificationParams(
+                    level="error", logger="spillbox", data=message
+                )
+            )
+        )
+        await self._to_client(types.ToolListChangedNotification())
+
+    async def _handshake(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
+        """initialize: start the upstream with the client's capabilities and answer with its
+        own; notifications/initialized: the client may now get relayed requests."""
+        if ctx.method == "notifications/initialized":
+            result = await call_next(ctx)
+            self.client.ready.set()
+            return result
+        if ctx.method != "initialize":
+            return await call_next(ctx)
+        self.client.session = ctx.session
+        if self.upstream is None:
+            return await call_next(ctx)
+        try:
+            params = types.InitializeRequestParams.model_validate(ctx.params or {}, by_name=False)
+        except ValidationError:
+            return await call_next(ctx)  # the SDK answers with the error
+        try:
+            with anyio.fail_after(UPSTREAM_START_SECONDS):
+                upstream = await self.upstream.start(self.group, params)
+        except Exception as e:  # noqa: BLE001 - any failure to start: serve spillbox's tools
+            print(f"spillbox: {self.upstream.gone} at start ({e!r})", file=sys.stderr)
+            self.upstream.exited.set()
+            return await call_next(ctx)
+        await self._refresh_tools()
+        requested = params.protocol_version
+        # Task-augmented calls (tasks/*) are not passed through: they would skip the gate.
+        capabilities = upstream.capabilities.model_copy(
+            update={"tools": types.ToolsCapability(list_changed=True), "tasks": None}
+        )
+        return types.InitializeResult(
+            protocol_version=requested
+            if requested in HANDSHAKE_PROTOCOL_VERSIONS
+            else LATEST_HANDSHAKE_VERSION,
+            capabilities=capabilities,
+            server_info=upstream.server_info,
+            instructions=upstream.instructions,
+        )
+
+    async def _list_tools(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        await self._refresh_tools()
+        tools = [*self.upstream_tools.values(), *self.local.definitions()]
+        return types.ListToolsResult(tools=tools)
+
+    async def _refresh_tools(self) -> None:
+        """Fetch the upstream's whole tool list; rename ours if a name now collides."""
+        if self.upstream is None or self.upstream.exited.is_set():
+            return
+        tools: dict[str, types.Tool] = {}
+        cursor: str | None = None
+        while True:
+            request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
+            try:
+                page = await self.upstream.request(request, types.ListToolsResult)
+            except MCPError as e:
+                if e.code == UPSTREAM_GONE:
+                    return
+                raise
+            tools.update((tool.name, tool) for tool in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        self.upstream_tools = tools
+        if tool_names(self.task.languages, tools) != self.local.names:
+            self.local = LocalTools(self.task, taken=tools)
+
+    async def _call_tool(
+        self, ctx: Ctx, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = params.name
+        call_id = f"{name}_{next(self._calls)}"
+        original = types.CallToolResult(content=[])
+
+        async def run() -> ToolResult:
+            nonlocal original
+            if name in self.local.names:
+                result = await self.local.call(call_id, name, params.arguments)
+                original = as_call_result(result)
+                return result
+            original = await self._upstream_call(ctx, params)
+            return tool_result(call_id, name, original)
+
+        admitted = await self.steps.run(run)
+        tool = self.upstream_tools.get(name) if name not in self.local.names else None
+        return gated(original, admitted, tool.output_schema if tool is not None else None)
+
+    async def _upstream_call(
+        self, ctx: Ctx, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if self.upstream is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}")
+        try:
+            return await self.upstream.request(
+                types.CallToolRequest(params=params), types.CallToolResult, _progress(ctx)
+            )
+        except MCPError as e:
+            if e.code != UPSTREAM_GONE:
+                raise
+            text = f"{e.message} during this call; spillbox's tools still work"
+            return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+    async def _admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
+        return await anyio.to_thread.run_sync(self.task.admit, results)
+
+    def _forward(
+        self, request: type[Any], result: type[BaseModel]
+    ) -> Callable[[Ctx, Any], Awaitable[Any]]:
+        async def handler(ctx: Ctx, params: Any) -> Any:
+            assert self.upstream is not None
+            return await self.upstream.request(request(params=params), result, _progress(ctx))
+
+        return handler
+
+    async def _roots_changed(self, ctx: Ctx, params: types.NotificationParams) -> None:
+        assert self.upstream is not None
+        await self.upstream.notify(types.RootsListChangedNotification())
+
+    async def _from_upstream(self, notification: types.ServerNotification) -> None:
+        if isinstance(notification, types.ToolListChangedNotification):
+            await self._refresh_tools()
+        await self._to_client(notification)
+
+    async def _to_client(self, notification: types.ServerNotification) -> None:
+        if self.client.session is not None:
+            await self.client.session.send_notification(notification)
+
+
+def _progress(ctx: Ctx) -> ProgressFnT | None:
+    """Progress for an upstream request, routed back under the client's own token."""
+    if progress_token_from_params(ctx.params) is None:
+        return None
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        await ctx.session.report_progress(progress, total, message)
+
+    return report
+
+
+async def serve_stdio(
+    task: TaskHandle, command: Sequence[str] | None, bound: float = STEP_BOUND_SECONDS
+) -> None:
+    """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
+    async with anyio.create_task_group() as group:
+        proxy = Proxy(task, command, group, bound)
+        group.start_soon(proxy.watch)
+        async with stdio() as (read, write):
+            await proxy.server.run(read, write, proxy.options())
+        group.cancel_scope.cancel()

@@ -1,0 +1,170 @@
+"""The real MCP server behind the proxy: a subprocess, reached through the SDK's stdio
+client and ClientSession.
+
+    upstream = Upstream(["npx", "server-everything"], client, on_notification)
+    result = await upstream.start(task_group, client_params)   # its InitializeResult
+    tools = await upstream.request(types.ListToolsRequest(...), types.ListToolsResult)
+
+The upstream is offered exactly the capabilities the proxy's client declared (sampling,
+elicitation, roots), and its requests for them are relayed to that client; its
+notifications go to on_notification. When it exits, `exited` is set and every request
+after that raises an MCPError that says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp.client._transport import ReadStream
+from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.server.session import ServerSession
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from pydantic import BaseModel
+
+ResultT = TypeVar("ResultT", bound=BaseModel)
+UPSTREAM_GONE = -32001
+"""The JSON-RPC error code of a request the upstream can no longer answer."""
+
+
+class Client:
+    """The proxy's own client, as the upstream's relayed requests reach it."""
+
+    def __init__(self) -> None:
+        self.session: ServerSession | None = None
+        """Set when the client's initialize arrives."""
+        self.ready = anyio.Event()
+        """Set when the client has sent notifications/initialized: requests may go to it."""
+
+    async def request(self, request: types.ServerRequest, result_type: type[ResultT]) -> Any:
+        await self.ready.wait()
+        assert self.session is not None
+        try:
+            return await self.session.send_request(request, result_type)
+        except MCPError as e:
+            return e.error
+
+
+class Upstream:
+    """One upstream MCP server run as a subprocess."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        client: Client,
+        on_notification: Callable[[types.ServerNotification], Awaitable[None]],
+    ) -> None:
+        self.command = list(command)
+        self.client = client
+        self.on_notification = on_notification
+        self.session: ClientSession | None = None
+        self.exited = anyio.Event()
+
+    @property
+    def gone(self) -> str:
+        return f"the upstream MCP server ({' '.join(self.command)}) has exited"
+
+    async def start(
+        self, group: anyio.abc.TaskGroup, client_params: types.InitializeRequestParams
+    ) -> types.InitializeResult:
+        """Start the server in group and initialize it; raises if either fails."""
+        result: types.InitializeResult = await group.start(self._run, client_params)
+        return result
+
+    async def request(
+        self,
+        request: types.ClientRequest,
+        result_type: type[ResultT],
+        progress: ProgressFnT | None = None,
+    ) -> ResultT:
+        """Send one request upstream; an MCPError with UPSTREAM_GONE once it has exited."""
+        if self.session is None or self.exited.is_set():
+            raise MCPError(UPSTREAM_GONE, self.gone)
+        try:
+            return await self.session.send_request(request, result_type, progress_callback=progress)
+        except MCPError as e:
+            if e.code == types.CONNECTION_CLOSED:
+                raise MCPError(UPSTREAM_GONE, self.gone) from None
+            raise
+
+    async def notify(self, notification: types.ClientNotification) -> None:
+        if self.session is not None and not self.exited.is_set():
+            await self.session.send_notification(notification)
+
+    async def _run(
+        self,
+        client_params: types.InitializeRequestParams,
+        *,
+        task_status: anyio.abc.TaskStatus[types.InitializeResult] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        # The server gets the proxy's whole environment: a client configuration's "env"
+        # (tokens, settings) is given to spillbox and meant for the server.
+        params = StdioServerParameters(
+            command=self.command[0], args=self.command[1:], env=dict(os.environ)
+        )
+        async with stdio_client(params) as (read, write), anyio.create_task_group() as group:
+            send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            group.start_soon(_until_eof, read, send, self.exited)
+            async with ClientSession(
+                receive, write, message_handler=self._message, **self._relays(client_params)
+            ) as session:
+                result = await session.initialize()
+                self.session = session
+                task_status.started(result)
+                await self.exited.wait()
+            group.cancel_scope.cancel()
+
+    def _relays(self, client_params: types.InitializeRequestParams) -> dict[str, Any]:
+        """Callbacks for what the client can do, so the server sees its capabilities."""
+        capabilities = client_params.capabilities
+        relays: dict[str, Any] = {"client_info": client_params.client_info}
+        if capabilities.sampling is not None:
+            relays["sampling_callback"] = self._sampling
+            relays["sampling_capabilities"] = capabilities.sampling
+        if capabilities.elicitation is not None:
+            relays["elicitation_callback"] = self._elicitation
+        if capabilities.roots is not None:
+            relays["list_roots_callback"] = self._roots
+        return relays
+
+    async def _sampling(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> Any:
+        result_type: type[BaseModel] = (
+            types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
+        )
+        return await self.client.request(types.CreateMessageRequest(params=params), result_type)
+
+    async def _elicitation(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> Any:
+        return await self.client.request(types.ElicitRequest(params=params), types.ElicitResult)
+
+    async def _roots(self, context: ClientRequestContext) -> Any:
+        return await self.client.request(types.ListRootsRequest(), types.ListRootsResult)
+
+    async def _message(self, message: IncomingMessage) -> None:
+        if not isinstance(message, Exception):
+            await self.on_notification(message)
+
+
+async def _until_eof(
+    source: ReadStream[SessionMessage | Exception],
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    eof: anyio.Event,
+) -> None:
+    """Pass the server's messages on; set eof when its output ends (it exited)."""
+    try:
+        async with sink:
+            async for item in source:
+                await sink.send(item)
+    finally:
+        eof.set()

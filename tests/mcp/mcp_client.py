@@ -1,0 +1,39 @@
+"""The MCP tests' client side: the official SDK's ClientSession over the stdio of
+`spillbox mcp proxy`, and where the real servers are."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+SERVERS = REPO / ".cache" / "mcp-servers"
+NPM_PACKAGES = (
+    "@modelcontextprotocol/server-everything",
+    "@modelcontextprotocol/server-filesystem",
+)
+COMMITS = 3000
+
+
+def proxy_params(home: Path, command: Sequence[str], *flags: str) -> StdioServerParameters:
+    args = ["mcp", "proxy", "--home", str(home), "--sandbox", "none", *flags, "--", *command]
+    return StdioServerParameters(command=str(BIN / "spillbox"), args=args)
+
+
+@asynccontextmanager
+async def connect(params: StdioServerParameters, **callbacks: Any) -> AsyncIterator[ClientSession]:
+    """An initialized SDK ClientSession over the stdio of the process params start."""
+    async with stdio_client(params) as (read, write), ClientSession(read, write, **callbacks) as s:
+        await s.initialize()
+        yield s
+
+
+def git_server(repo: Path) -> list[str]:
+    return [str(BIN / "mcp-server-git"), "--repository", str(repo)]

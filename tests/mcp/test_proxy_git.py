@@ -1,0 +1,103 @@
+"""mcp-server-git (PyPI) behind the proxy, over a repository of 3,000 commits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.client.stdio import StdioServerParameters
+from mcp_client import BIN, connect, git_server, proxy_params
+
+from spillbox import parse_notice
+
+pytestmark = pytest.mark.anyio
+pytest_plugins = ["mcp_fixtures"]
+
+
+def text_of(result: types.CallToolResult) -> str:
+    [block] = [b for b in result.content if isinstance(b, types.TextContent)]
+    return block.text
+
+
+async def direct_call(command: list[str], tool: str, args: dict[str, object]) -> str:
+    params = StdioServerParameters(command=command[0], args=command[1:])
+    async with connect(params) as session:
+        return text_of(await session.call_tool(tool, args))
+
+
+async def test_git_log_is_offloaded_byte_for_byte(git_repo: Path, home: Path) -> None:
+    args = {"repo_path": str(git_repo), "max_count": 3000}
+    direct = await direct_call(git_server(git_repo), "git_log", args)
+    async with connect(proxy_params(home, git_server(git_repo), "--task", "g")) as session:
+        result = await session.call_tool("git_log", args)
+    assert not result.is_error
+    notice = parse_notice(text_of(result))
+    assert notice is not None, text_of(result)
+    assert notice["reason"].startswith("per_call")
+    stored = await anyio.Path(notice["path"]).read_bytes()  # sandbox "none": a host path
+    assert stored == direct.encode()
+    assert notice["sha256"] == hashlib.sha256(direct.encode()).hexdigest()
+    assert len(direct) > 300_000
+
+
+async def test_small_results_pass_unchanged(git_repo: Path, home: Path) -> None:
+    args = {"repo_path": str(git_repo), "max_count": 3}
+    direct = await direct_call(git_server(git_repo), "git_log", args)
+    async with connect(proxy_params(home, git_server(git_repo))) as session:
+        assert text_of(await session.call_tool("git_log", args)) == direct
+        names = [tool.name for tool in (await session.list_tools()).tools]
+    assert {"git_log", "git_show", "read_artifact", "list_artifacts"} <= set(names)
+    assert "sandbox_exec" not in names  # sandbox "none" runs no code mode
+
+
+async def test_every_hint_runs_through_the_proxy(git_repo: Path, home: Path) -> None:
+    async with connect(proxy_params(home, git_server(git_repo))) as session:
+        result = await session.call_tool("git_log", {"repo_path": str(git_repo), "max_count": 500})
+        notice = parse_notice(text_of(result))
+        assert notice is not None
+        hints = notice["hint"].splitlines()
+        assert hints
+        for hint in hints:
+            tool, _, args = hint.partition(" ")
+            output = await session.call_tool(tool, json.loads(args))
+            assert not output.is_error, text_of(output)
+            page = json.loads(text_of(output))
+            assert page["text"].startswith("Commit history:")
+            assert page["has_more"] is True
+
+
+async def test_concurrent_calls_are_one_step(git_repo: Path, home: Path) -> None:
+    """Two results each under the per-call limit, together over the aggregate limit: the
+    proxy holds the first until the second is done, and offloads one of them."""
+    args = {"repo_path": str(git_repo), "max_count": 75}
+    texts: dict[int, str] = {}
+    async with connect(proxy_params(home, git_server(git_repo))) as session:
+        alone = text_of(await session.call_tool("git_log", args))
+        assert parse_notice(alone) is None  # one alone stays inline
+
+        async def call(n: int) -> None:
+            texts[n] = text_of(await session.call_tool("git_log", args))
+
+        async with anyio.create_task_group() as group:
+            for n in range(2):
+                group.start_soon(call, n)
+    notices = [parse_notice(text) for text in texts.values()]
+    offloaded = [n for n in notices if n is not None]
+    assert len(offloaded) == 1, texts
+    assert offloaded[0]["reason"].startswith("aggregate")
+    assert alone in texts.values()
+
+
+async def test_calls_that_do_not_overlap_are_separate_steps(git_repo: Path, home: Path) -> None:
+    args = {"repo_path": str(git_repo), "max_count": 75}
+    async with connect(proxy_params(home, git_server(git_repo))) as session:
+        for _ in range(2):
+            assert parse_notice(text_of(await session.call_tool("git_log", args))) is None
+
+
+def test_spillbox_bin_is_installed() -> None:
+    assert (BIN / "spillbox").exists() and (BIN / "mcp-server-git").exists()
