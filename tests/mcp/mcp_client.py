@@ -37,3 +37,24 @@ async def connect(params: StdioServerParameters, **callbacks: Any) -> AsyncItera
 
 def git_server(repo: Path) -> list[str]:
     return [str(BIN / "mcp-server-git"), "--repository", str(repo)]
+
+
+def npm_server(bin_dir: Path, name: str, *args: str) -> list[str]:
+    return [str(bin_dir / name), *args]
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the processes whose environment holds marker (the proxy passes its own
+    environment to the upstream server), other than spillbox itself."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ and b"spillbox" not in cmdline:
+            pids.append(int(proc.name))
+    return pids

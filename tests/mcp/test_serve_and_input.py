@@ -1,0 +1,95 @@
+"""spillbox mcp serve, malformed input, and tool names on a collision."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import mcp_types as types
+import pytest
+from mcp.client.stdio import StdioServerParameters
+from mcp_client import BIN, connect, git_server, proxy_params
+
+from spillbox import Harness, ToolResult, parse_notice
+from spillbox.tools import Toolset
+
+pytestmark = pytest.mark.anyio
+pytest_plugins = ["mcp_fixtures"]
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+async def test_serve_reads_what_a_proxy_of_the_same_task_stored(git_repo: Path, home: Path) -> None:
+    args = {"repo_path": str(git_repo), "max_count": 1000}
+    async with connect(proxy_params(home, git_server(git_repo), "--task", "shared")) as proxy:
+        notice = parse_notice(text_of(await proxy.call_tool("git_log", args)))
+        assert notice is not None
+        serve = StdioServerParameters(
+            command=str(BIN / "spillbox"),
+            args=["mcp", "serve", "--home", str(home), "--sandbox", "none", "--task", "shared"],
+        )
+        async with connect(serve) as server:
+            names = [tool.name for tool in (await server.list_tools()).tools]
+            listed = json.loads(text_of(await server.call_tool("list_artifacts", {})))
+            page = await server.call_tool("read_artifact", {"path": notice["path"]})
+    assert names == ["read_artifact", "list_artifacts"]
+    assert [row["artifact_id"] for row in listed] == [notice["call_id"]]
+    assert json.loads(text_of(page))["text"].startswith("Commit history:")
+
+
+def test_malformed_lines_get_json_rpc_errors(git_repo: Path, home: Path) -> None:
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    unknown = {"jsonrpc": "2.0", "id": 2, "method": "no/such/method"}
+    lines = ["this is not json", '{"hello": "world"}', json.dumps(initialize), json.dumps(unknown)]
+    params = proxy_params(home, git_server(git_repo))
+    with subprocess.Popen(
+        [params.command, *params.args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proxy:
+        assert proxy.stdin is not None and proxy.stdout is not None
+        replies = []
+        for line in lines:  # one at a time: the reply, then the next line
+            proxy.stdin.write(line + "\n")
+            proxy.stdin.flush()
+            replies.append(json.loads(proxy.stdout.readline()))
+        proxy.stdin.close()
+        assert proxy.wait(timeout=30) == 0
+    assert replies[0] == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32700, "message": "Parse error: not JSON"},
+    }
+    assert replies[1]["id"] is None and replies[1]["error"]["code"] == -32600
+    assert replies[2]["id"] == 1 and replies[2]["result"]["serverInfo"]["name"] == "mcp-git"
+    assert replies[3]["id"] == 2 and replies[3]["error"]["code"] == -32601
+
+
+def test_hints_name_prefixed_tools_on_a_collision(home: Path) -> None:
+    """An upstream tool called read_artifact: ours is spillbox_read_artifact, and notices'
+    hints call it by that name."""
+    with Harness(sandbox="none", home=home, gc_interval=-1) as harness, harness.task("t") as task:
+        toolset = Toolset(task, taken={"read_artifact", "git_log"})
+        assert toolset.names == ("spillbox_read_artifact", "list_artifacts")
+        task.register_tools(toolset.names)
+        [admitted] = task.admit([ToolResult("c1", "dump", "line\n" * 20_000)])
+        notice = parse_notice(admitted.text)
+        assert notice is not None
+        tool, _, args = notice["hint"].partition(" ")
+        assert tool == "spillbox_read_artifact"
+        output = toolset.call(tool, json.loads(args))
+        assert not output.is_error and json.loads(output.text)["has_more"]
+        assert toolset.call("read_artifact", json.loads(args)).is_error  # not ours here
