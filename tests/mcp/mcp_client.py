@@ -22,8 +22,10 @@ NPM_PACKAGES = (
 COMMITS = 3000
 
 
-def proxy_params(home: Path, command: Sequence[str], *flags: str) -> StdioServerParameters:
-    args = ["mcp", "proxy", "--home", str(home), "--sandbox", "none", *flags, "--", *command]
+def proxy_params(
+    home: Path, command: Sequence[str], *flags: str, sandbox: str = "none"
+) -> StdioServerParameters:
+    args = ["mcp", "proxy", "--home", str(home), "--sandbox", sandbox, *flags, "--", *command]
     return StdioServerParameters(command=str(BIN / "spillbox"), args=args)
 
 

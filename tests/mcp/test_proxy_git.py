@@ -101,3 +101,31 @@ async def test_calls_that_do_not_overlap_are_separate_steps(git_repo: Path, home
 
 def test_spillbox_bin_is_installed() -> None:
     assert (BIN / "spillbox").exists() and (BIN / "mcp-server-git").exists()
+
+
+@pytest.mark.docker
+async def test_every_hint_runs_in_the_docker_sandbox(git_repo: Path, docker_home: Path) -> None:
+    """With code mode, the notice's first hint is a sandbox_exec call: run as sent, through
+    the proxy, it succeeds in the task's sandbox; so does read_artifact."""
+    args = {"repo_path": str(git_repo), "max_count": 3000}
+    params = proxy_params(docker_home, git_server(git_repo), "--task", "d", sandbox="docker")
+    async with connect(params) as session:
+        notice = parse_notice(text_of(await session.call_tool("git_log", args)))
+        assert notice is not None
+        assert notice["path"] == "/sandbox/offload/git_log_1.txt"
+        hints = notice["hint"].splitlines()
+        assert [hint.split(" ")[0] for hint in hints] == ["sandbox_exec", "read_artifact"]
+        for hint in hints:
+            tool, _, hint_args = hint.partition(" ")
+            output = await session.call_tool(tool, json.loads(hint_args))
+            assert not output.is_error, text_of(output)
+        count = await session.call_tool(
+            "sandbox_exec",
+            {
+                "lang": "sh",
+                "code": f"grep -c '^Commit: ' {notice['path']}",
+                "timeout": None,
+                "artifact": None,
+            },
+        )
+    assert json.loads(text_of(count))["output"].strip() == "3000"
