@@ -251,10 +251,12 @@ def test_a_full_disk_is_a_clear_error_and_no_partial_artifact(tmp_path: Path) ->
             assert task.read("small") == prs(100).encode()
             task.close(delete=True)
     finally:
-        cleanup_home(home)
-        umount = subprocess.run(["umount", str(home)], capture_output=True)
-        if umount.returncode != 0:
-            subprocess.run(["umount", "-l", str(home)], check=True)
+        try:
+            cleanup_home(home)
+        finally:  # even when cleanup fails (no engine): a mount left behind breaks later runs
+            umount = subprocess.run(["umount", str(home)], capture_output=True)
+            if umount.returncode != 0:
+                subprocess.run(["umount", "-l", str(home)], check=True)
 
 
 def test_deleting_a_task_leaves_no_container_volume_or_folder(
