@@ -41,6 +41,11 @@ def git_server(repo: Path) -> list[str]:
     return [str(BIN / "mcp-server-git"), "--repository", str(repo)]
 
 
+def toy_server(*args: str) -> list[str]:
+    """tests/mcp/toy_server.py, a small server of the SDK's, as an upstream command."""
+    return [sys.executable, str(Path(__file__).with_name("toy_server.py")), *args]
+
+
 def npm_server(bin_dir: Path, name: str, *args: str) -> list[str]:
     return [str(bin_dir / name), *args]
 

@@ -1,9 +1,14 @@
 """A tools/call result through the gate: what of it is counted and stored, and what the
 client gets back.
 
-- The text is what is counted and stored: the text blocks, one as it is, several joined
-  by a newline. A result with structuredContent and no text (the spec asks servers to
-  repeat structured content as text, and they do) is stored as that JSON.
+- Text and structuredContent are counted and stored together: a client may show either
+  (Claude Code shows structuredContent in place of the text), so neither may slip past
+  the gate. The text is the text blocks, one as it is, several joined by a newline. Where
+  the structuredContent repeats the text (the spec asks servers to repeat structured
+  content as text: the text is its JSON, or it holds the text as a string with at most
+  REPEAT_ENVELOPE_BYTES besides, like server-filesystem's `{"content": text}`), the text
+  alone is counted and stored. Where there is no text, the structuredContent's JSON is.
+  Otherwise both are, as one JSON object `{"text": ..., "structuredContent": ...}`.
 - Images, audio, resource links and embedded resources pass through untouched and do not
   count: a model's cost for them is not text tokens.
 - A result that stays inline is returned exactly as the server sent it. An offloaded (or
@@ -29,16 +34,52 @@ NO_CONFORMING_VALUE = (
 )
 
 
+REPEAT_ENVELOPE_BYTES = 256
+"""What structuredContent may hold besides copies of the text and still count as a repeat
+of it (server-filesystem's `{"content": text}` holds 13 bytes besides)."""
+
+
 def tool_result(call_id: str, tool: str, result: types.CallToolResult) -> ToolResult:
-    """The gate's view of a tools/call result."""
+    """The gate's view of a tools/call result: its text and structuredContent together."""
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
-    if texts:
-        content = texts[0] if len(texts) == 1 else "\n".join(texts)
-    elif result.structured_content is not None:
-        content = json.dumps(result.structured_content, ensure_ascii=False)
+    text = "\n".join(texts) if texts else None
+    structured = result.structured_content
+    if structured is None:
+        content = text or ""
+    elif text is None:
+        content = _json(structured)
+    elif _repeats(structured, text):
+        content = text
     else:
-        content = ""
+        content = _json({"text": text, "structuredContent": structured})
     return ToolResult(call_id, tool, content, is_error=result.is_error)
+
+
+def _repeats(structured: Any, text: str) -> bool:
+    """Whether structured says no more than text: text is its JSON, or it is text in an
+    envelope of at most REPEAT_ENVELOPE_BYTES."""
+    try:
+        if json.loads(text) == structured:
+            return True
+    except ValueError:
+        pass
+    envelope = _json(_without(structured, text))
+    return len(envelope.encode()) <= REPEAT_ENVELOPE_BYTES and envelope != _json(structured)
+
+
+def _without(value: Any, text: str) -> Any:
+    """value with every string equal to text emptied."""
+    if isinstance(value, str):
+        return "" if value == text else value
+    if isinstance(value, dict):
+        return {key: _without(item, text) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without(item, text) for item in value]
+    return value
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def gated(

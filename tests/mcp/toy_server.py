@@ -1,0 +1,104 @@
+"""A small MCP server (the official SDK's low-level Server over stdio) for what no real
+server does on demand: a structuredContent much larger than its text, a call that never
+answers, a result of a given size, a call that takes a given time.
+
+    python toy_server.py [--cancelled FILE]
+
+--cancelled FILE: a call of `never` that is cancelled writes its request id to FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+
+OBJECT = {"type": "object"}
+TOOLS = [
+    types.Tool(
+        name="wide",
+        description="A short text, and `rows` rows as structuredContent.",
+        input_schema={"type": "object", "properties": {"rows": {"type": "integer"}}},
+    ),
+    types.Tool(name="never", description="Never answers.", input_schema=OBJECT),
+    types.Tool(
+        name="blob",
+        description="A text of `size` bytes.",
+        input_schema={"type": "object", "properties": {"size": {"type": "integer"}}},
+    ),
+    types.Tool(
+        name="sleep",
+        description="Answers `text` after `seconds`.",
+        input_schema={
+            "type": "object",
+            "properties": {"seconds": {"type": "number"}, "text": {"type": "string"}},
+        },
+    ),
+]
+
+
+def rows(count: int) -> list[dict[str, Any]]:
+    return [{"id": n, "name": f"user {n}", "team": f"t{n % 9}"} for n in range(count)]
+
+
+def blob(size: int) -> str:
+    line = "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz012345678\n"
+    whole, rest = divmod(size, len(line))
+    return line * whole + line[:rest]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cancelled", type=Path)
+    options = parser.parse_args()
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=TOOLS)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        args = params.arguments or {}
+        if params.name == "wide":
+            table = {"rows": rows(int(args.get("rows", 10)))}
+            summary = f"{len(table['rows'])} rows"
+            return types.CallToolResult(
+                content=[types.TextContent(text=summary)], structured_content=table
+            )
+        if params.name == "never":
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                if options.cancelled is not None:
+                    options.cancelled.write_text(str(ctx.request_id))
+                raise
+        if params.name == "blob":
+            text = blob(int(args["size"]))
+            return types.CallToolResult(content=[types.TextContent(text=text)])
+        if params.name == "sleep":
+            await anyio.sleep(float(args.get("seconds", 0)))
+            text = str(args.get("text", "done"))
+            return types.CallToolResult(content=[types.TextContent(text=text)])
+        raise ValueError(f"unknown tool {params.name}")
+
+    server: Server[Any] = Server("toy", on_list_tools=list_tools, on_call_tool=call_tool)
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            options_ = server.create_initialization_options(NotificationOptions())
+            await server.run(read, write, options_)
+
+    anyio.run(serve)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
