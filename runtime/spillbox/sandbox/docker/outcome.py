@@ -54,8 +54,9 @@ itself: the answer is ENDED or TIMED_OUT as the engine says. No answer KILL_GRAC
 past the timeout is KILLED_AFTER_GRACE (the host kills the engine; exit 124). The container
 stopping under it is SANDBOX_STOPPED (exit 137; OUT_OF_MEMORY as for a cut runner). An engine
 that died under it (a daemon restart, a deletion, an OOM) gets one retry with a fresh
-engine, since a query only reads; if that fails too and the container has stopped, it is
-NEVER_STARTED: it runs again in the restarted sandbox.
+engine, since a query only reads; if that fails too and the container has stopped (read
+once its state settles: a container being killed shows as running for a moment while Docker
+already refuses to exec into it), it is NEVER_STARTED: it runs again in the restarted sandbox.
 
 >>> seen = Observed(Closed.OUTPUT_ENDED, 124, ran_for=3.0, timeout=2.0, end_mark=True,
 ...                 oom_mark=False)

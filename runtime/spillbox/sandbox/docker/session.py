@@ -32,7 +32,6 @@ from spillbox.sandbox.docker.outcome import (
 )
 from spillbox.sandbox.docker.state import (
     State,
-    is_running,
     memory_ran_out,
     settled_state,
     stopped_under,
@@ -312,7 +311,11 @@ class TaskSandbox:
         try:
             response = retry(partial(self._query, container, code, timeout), QUERY_ATTEMPTS)
         except ExecError:
-            if is_running(container, self.client):
+            # Both attempts failed. A container being killed can still show as running for
+            # a moment while Docker refuses to exec into it ("setns process: exit status 1"),
+            # so its state is read once it settles: stopped, the query runs again after the
+            # restart; still running, the engine itself failed and the error stands.
+            if settled_state(container, self.client).get("Running"):
                 raise
             return Outcome.NEVER_STARTED
         except SandboxDied as died:
