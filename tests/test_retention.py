@@ -22,7 +22,8 @@ from spillbox import ConfigError, Harness, Policy, ToolResult
 from spillbox.config import Settings
 from spillbox.errors import RetentionError
 from spillbox.harness import Task
-from spillbox.retention import Retention, parse_duration, parse_size, redact
+from spillbox.redaction import redact
+from spillbox.retention import Retention, parse_duration, parse_size
 from spillbox.types import ArtifactRow
 
 
@@ -464,7 +465,7 @@ def test_redact_finds_each_kind_of_secret() -> None:
     assert n == 5
     for secret in SECRETS.values():
         assert secret not in clean
-    for kind in ("aws_access_key", "github_token", "private_key", "jwt", "password"):
+    for kind in ("aws_access_token", "github_pat", "private_key", "jwt", "password"):
         assert f"[REDACTED:{kind}]" in clean
     assert redact(clean) == (clean, 0), "redacting twice changes nothing"
     assert redact("nothing secret here") == ("nothing secret here", 0)
@@ -481,7 +482,7 @@ def test_redaction_happens_before_the_payload_is_written(harness: Harness) -> No
     for secret in SECRETS.values():
         assert secret.encode() not in stored
         assert secret not in admitted.text, "nor does the notice's preview leak it"
-    assert b"[REDACTED:aws_access_key]" in stored
+    assert b"[REDACTED:aws_access_token]" in stored
     assert "redactions: 6" in admitted.text.splitlines()
     assert task.artifact("c1").redactions == 6
     assert admitted.artifact.sha256 == hashlib.sha256(stored).hexdigest()

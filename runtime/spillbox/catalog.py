@@ -26,7 +26,16 @@ DEFAULT_BUSY_TIMEOUT = 10.0
 """How long a writer waits for another process's lock before a clear error."""
 
 Action = Literal[
-    "offload", "read", "query", "export", "export_denied", "delete", "pin", "unpin", "policy"
+    "offload",
+    "redact",
+    "read",
+    "query",
+    "export",
+    "export_denied",
+    "delete",
+    "pin",
+    "unpin",
+    "policy",
 ]
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -293,7 +302,9 @@ class Catalog:
 
     # Artifacts
 
-    def add_artifact(self, row: ArtifactRow) -> None:
+    def add_artifact(self, row: ArtifactRow, redacted: str | None = None) -> None:
+        """Record an artifact and its offload; `redacted` (replacements per kind, as JSON)
+        logs, in the same transaction, that its payload was redacted before it was stored."""
         with self.transaction("recording an artifact") as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO artifacts VALUES "
@@ -306,6 +317,8 @@ class Catalog:
                 ),
             )  # fmt: skip
             _log(conn, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
+            if redacted is not None:
+                _log(conn, row.task_id, row.artifact_id, "redact", "retention", redacted)
 
     def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
         only_live = "" if include_deleted else " AND state = 'live'"

@@ -22,7 +22,8 @@ from spillbox.config import Policy
 from spillbox.gate import Offload
 from spillbox.notice import Hint, NoticeFacts, render
 from spillbox.profile import profile
-from spillbox.retention import Retention, expires_at, quota_evictions, redact
+from spillbox.redaction import Redaction, redact_payload
+from spillbox.retention import Retention, expires_at, quota_evictions
 from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, safe_name
 from spillbox.tokens import TokenCounter, total
 from spillbox.types import Artifact, ArtifactRow, Shape, TokenCount, ToolResult
@@ -51,12 +52,18 @@ def offload(dest: Destination, request: Offload) -> tuple[Artifact, str, int]:
     """Store one result byte for byte (redacted first if the policy says so) and return
     its artifact, its notice and the notice's tokens."""
     result, data, text = request.result, request.data, request.text
-    redactions = 0
+    redaction: Redaction | None = None
     if dest.retention.redact and text is not None:
-        text, redactions = redact(text)
-        if redactions:  # what is stored (and counted) is the redacted text
-            data = text.encode("utf-8")
+        # Everything after this point (stored bytes, shape, keys, previews, hints, token
+        # count) comes from the redacted payload: nothing the notice shows is unredacted.
+        redaction = redact_payload(data)
+        if redaction.count:
+            data = redaction.data
+            text = data.decode("utf-8")
             request = replace(request, tokens=total(dest.counter, text))
+    elif dest.retention.redact:
+        redaction = Redaction(data, scanned=False)  # binary: no text to scan, logged so
+    redactions = redaction.count if redaction else 0
     shape = profile(data, text)
     # The host writes the payload into the task's storage, never through the sandbox.
     with dest.storage.stage(data) as staged:
@@ -68,7 +75,7 @@ def offload(dest: Destination, request: Offload) -> tuple[Artifact, str, int]:
                 same.name, dest.storage.offload / same.name, staged.sha256, len(data)
             )
         else:
-            stored = _publish(dest, staged, result, shape, request.tokens, redactions)
+            stored = _publish(dest, staged, result, shape, request.tokens, redaction)
     artifact = Artifact(
         id=stored.artifact_id,
         task_id=dest.task_id,
@@ -92,7 +99,7 @@ def _publish(
     result: ToolResult,
     shape: Shape,
     tokens: TokenCount | None,
-    redactions: int,
+    redaction: Redaction | None,
 ) -> StoredFile:
     """Make room under the quota, make the payload visible and record it.
 
@@ -124,13 +131,15 @@ def _publish(
             expires_at=expires_at(policy, now),
             state="live",
             pinned=False,
-            redactions=redactions,
+            redactions=redaction.count if redaction else 0,
             deleted_at=None,
             deleted_by=None,
             kind=shape.kind,
         )
         try:
-            dest.catalog.add_artifact(row)
+            dest.catalog.add_artifact(
+                row, redacted=None if redaction is None else redaction.audit_detail()
+            )
         except BaseException:
             dest.storage.remove(stored.name)  # no payload without its row
             raise

@@ -1,0 +1,66 @@
+"""Recall and false positives of redaction, per kind, over tests/redaction_corpus.py.
+
+Run with -s to see the table (it is also in the README's Retention section):
+
+    pytest -s tests/test_redaction_corpus.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from redaction_corpus import NEGATIVES, POSITIVES
+from spillbox.redaction import redact
+
+MIN_RECALL = 1.0
+"""Every secret of the corpus is replaced: a miss here is a regression."""
+
+
+def _recall_row(kind: str) -> tuple[int, int]:
+    found = total = 0
+    for text, secrets in POSITIVES[kind]:
+        clean, _ = redact(text)
+        for secret in secrets:
+            total += 1
+            found += secret not in clean
+    return found, total
+
+
+def _false_positives(kind: str) -> tuple[int, int]:
+    """(replacements, texts) over the negatives of one kind."""
+    replaced = sum(redact(text)[1] for text in NEGATIVES[kind])
+    return replaced, len(NEGATIVES[kind])
+
+
+def table() -> str:
+    """The per-kind table, as printed and as in the README."""
+    lines = ["| kind | samples | secrets replaced | recall |", "|---|---:|---:|---:|"]
+    for kind in POSITIVES:
+        found, total = _recall_row(kind)
+        lines.append(f"| {kind} | {len(POSITIVES[kind])} | {found}/{total} | {found / total:.2f} |")
+    lines += ["", "| look-alike | texts | replacements (false positives) |", "|---|---:|---:|"]
+    for kind in NEGATIVES:
+        replaced, texts = _false_positives(kind)
+        lines.append(f"| {kind} | {texts} | {replaced} |")
+    return "\n".join(lines)
+
+
+def test_the_corpus_has_two_samples_of_each_kind_at_least() -> None:
+    assert all(len(samples) >= 2 for samples in POSITIVES.values())
+    assert all(len(texts) >= 2 for texts in NEGATIVES.values())
+
+
+@pytest.mark.parametrize("kind", list(POSITIVES))
+def test_recall_per_kind(kind: str) -> None:
+    found, total = _recall_row(kind)
+    assert found / total >= MIN_RECALL, f"{kind}: {total - found} of {total} secrets left"
+
+
+@pytest.mark.parametrize("kind", list(NEGATIVES))
+def test_no_false_positive_on_look_alikes(kind: str) -> None:
+    replaced, _ = _false_positives(kind)
+    assert replaced == 0, [redact(text)[0][:300] for text in NEGATIVES[kind] if redact(text)[1]]
+
+
+def test_print_the_table() -> None:
+    print("\n" + table())
