@@ -16,6 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api_shapes import graphql_pull_requests
+from spillbox.errors import ConfigError
 from spillbox.paging import (
     CURSOR_VERSION,
     PAGE_SHARE,
@@ -24,6 +26,7 @@ from spillbox.paging import (
     CursorSigner,
     Page,
     page,
+    records_path,
 )
 from spillbox.tokens import TokenCounter, default_counter
 
@@ -241,3 +244,78 @@ def test_the_secret_is_made_once_private_and_shared(tmp_path: Path) -> None:
         signer.check(cursor, {})  # every signer of the home accepts it
     with pytest.raises(CursorError, match="another spillbox home"):
         CursorSigner(tmp_path / "other").check(cursor, {})
+
+
+# Records wrapped in an object
+
+
+def wrapped_pages(value: Any, limit: int, path: tuple[str, ...] | None = None) -> list[Page]:
+    data = json.dumps(value).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    walked = records_path(data, digest, "json_object", path)
+    pages: list[Page] = []
+    start = None
+    while True:
+        current = page(data, digest, "json_object", start, COUNTER, limit, walked)
+        pages.append(current)
+        if not current.has_more:
+            return pages
+        assert start is None or current.end > start
+        start = current.end
+
+
+def test_wrapped_records_page_as_records_after_their_envelope() -> None:
+    value = graphql_pull_requests(300)
+    pages = wrapped_pages(value, 800)
+    path = ("data", "repository", "pullRequests", "nodes")
+    first, *rest = pages
+    assert first.unit == "envelope" and first.records == path and not first.partial
+    connection = first.envelope["data"]["repository"]["pullRequests"]
+    assert connection["pageInfo"] == value["data"]["repository"]["pullRequests"]["pageInfo"]
+    assert connection["nodes"].startswith("[300 records at data.repository.pullRequests.nodes")
+    assert len(rest) > 3 and {p.unit for p in rest} == {"records"}
+    assert all(p.records == path and p.total == 300 for p in pages)
+    assert [item for p in rest for item in p.items or []] == value["data"]["repository"][
+        "pullRequests"
+    ]["nodes"]
+    assert all(shown_tokens(p) <= budget(800) for p in pages)
+
+
+def test_another_array_is_paged_when_named() -> None:
+    value = {"items": [{"id": i} for i in range(50)], "errors": [{"code": 1}, {"code": 2}]}
+    data = json.dumps(value).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    assert records_path(data, digest, "json_object", None) == ("items",)
+    pages = wrapped_pages(value, 2_000, ("errors",))
+    assert pages[0].envelope == {
+        "items": value["items"],
+        "errors": "[2 records at errors: on the pages after this one]",
+    }
+    assert pages[1].items == value["errors"]
+
+
+def test_a_records_path_that_is_not_an_array_says_which_are() -> None:
+    data = json.dumps({"items": [1], "meta": {"next": "x"}}).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    for asked in [("meta",), ("missing",), ("meta", "next")]:
+        with pytest.raises(ConfigError, match="its arrays are items"):
+            records_path(data, digest, "json_object", asked)
+    with pytest.raises(ConfigError, match="not one"):
+        records_path(b"[1]", "d", "json_array", ("items",))
+    assert records_path(b"[1]", "d", "json_array", ()) is None
+
+
+def test_an_object_without_records_still_pages_as_lines() -> None:
+    data = json.dumps({"a": 1, "b": ["x", "y"]}).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    assert records_path(data, digest, "json_object", None) is None
+    assert page(data, digest, "json_object", None, COUNTER, 500).unit == "lines"
+
+
+def test_an_envelope_too_big_for_a_page_is_sliced() -> None:
+    value = {"data": [{"id": i} for i in range(20)], "blob": "ab " * 20_000}
+    pages = wrapped_pages(value, 1_000)
+    envelope = [p for p in pages if p.unit == "envelope"]
+    assert len(envelope) > 3 and all(p.partial and p.envelope is None for p in envelope)
+    assert json.loads("".join(p.text or "" for p in envelope))["blob"] == value["blob"]
+    assert [item for p in pages if p.unit == "records" for item in p.items or []] == value["data"]

@@ -9,9 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api_shapes import SHAPES, at_least, github_search, graphql_pull_requests, slack_history
 from spillbox.notice import describe
-from spillbox.profile import PROFILE_BUDGET_BYTES, _loaded_shape, _streamed_shape, profile
-from spillbox.types import EXTENSIONS, Shape
+from spillbox.profile import (
+    PROFILE_BUDGET_BYTES,
+    _streamed_shape,
+    loaded_shape,
+    parse_path,
+    path_text,
+    profile,
+)
+from spillbox.types import EXTENSIONS, ArrayFacts, Shape
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00"
 
@@ -247,4 +255,106 @@ def test_profile_never_raises_and_binary_means_not_utf8(data: bytes) -> None:
 def test_the_whole_parse_and_the_stream_describe_alike(value: Any, indent: int | None) -> None:
     # Small payloads take the C parser, large ones the streaming one: same shape.
     data = json.dumps(value, indent=indent).encode()
-    assert _loaded_shape(json.loads(data)) == _streamed_shape(data)
+    assert loaded_shape(json.loads(data)) == _streamed_shape(data)
+
+
+# Records wrapped in an object: API responses
+
+
+def test_github_search_names_every_key_and_its_records() -> None:
+    shape = shape_of(json.dumps(github_search(30)).encode())
+    assert shape.keys == ("total_count", "incomplete_results", "items")
+    assert shape.count_exact
+    assert shape.arrays == (ArrayFacts(("items",), 30, True, "objects"),)
+    assert shape.records == ArrayFacts(("items",), 30, True, "objects")
+
+
+def test_slack_history_names_the_keys_after_its_messages() -> None:
+    shape = shape_of(json.dumps(slack_history(50), indent=2).encode())
+    assert shape.keys == tuple(slack_history(1))
+    assert shape.records is not None and shape.records.path == ("messages",)
+    assert (shape.records.count, shape.records.count_exact) == (50, True)
+
+
+def test_a_graphql_connection_is_found_four_keys_deep() -> None:
+    value = graphql_pull_requests(40)
+    value["data"]["repository"]["labels"] = {"nodes": ["bug", "docs"]}  # not records
+    shape = shape_of(json.dumps(value).encode())
+    assert shape.keys == ("data",)
+    assert [facts.path for facts in shape.arrays] == [
+        ("data", "repository", "pullRequests", "nodes"),
+        ("data", "repository", "labels", "nodes"),
+    ]
+    assert shape.records == ArrayFacts(
+        ("data", "repository", "pullRequests", "nodes"), 40, True, "objects"
+    )
+
+
+def test_arrays_deeper_than_four_keys_or_inside_arrays_are_not_records() -> None:
+    value = {"a": {"b": {"c": {"d": {"e": [{"x": 1}]}}}}, "list": [{"inner": [{"y": 1}]}]}
+    shape = shape_of(json.dumps(value).encode())
+    assert shape.arrays == (ArrayFacts(("list",), 1, True, "objects"),)
+    assert shape.records is not None and shape.records.path == ("list",)
+
+
+def test_the_largest_array_of_objects_is_the_records() -> None:
+    value = {"warnings": [{"w": 1}], "tags": ["a"] * 50, "data": [{"id": i} for i in range(9)]}
+    shape = shape_of(json.dumps(value).encode())
+    assert shape.records is not None and shape.records.path == ("data",)
+    assert [(f.path, f.element) for f in shape.arrays][1] == (("tags",), "strings")
+
+
+def test_the_issue_example_names_the_key_after_a_long_array_and_estimates_it() -> None:
+    # 50,000 small records, then a 3 MB string: both keys named, the count an estimate.
+    value = {"data": [{"id": i, "name": f"n{i}"} for i in range(50_000)], "blob": "z " * 1_500_000}
+    shape = shape_of(json.dumps(value).encode())
+    assert shape.keys == ("data", "blob")
+    assert shape.nested == {"data": "array", "blob": "string"}
+    assert not shape.count_exact
+    records = shape.records
+    assert records is not None and records.path == ("data",) and not records.count_exact
+    assert records.count is not None and abs(records.count - 50_000) <= 0.25 * 50_000
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_over_40_mb_every_key_is_named_and_the_count_is_an_estimate(name: str) -> None:
+    builder, path, _ = SHAPES[name]
+    text, count = at_least(builder, 40 * 1024 * 1024)
+    shape = shape_of(text.encode())
+    assert shape.keys == tuple(builder(1))
+    assert not shape.count_exact
+    records = shape.records
+    assert records is not None and records.path == path
+    assert not records.count_exact and records.count is not None
+    assert abs(records.count - count) <= 0.1 * count, (records.count, count)
+    assert len(str(records.count).rstrip("0")) <= 2
+
+
+def test_a_string_value_full_of_escaped_quotes_does_not_confuse_the_tail() -> None:
+    value = {"items": [{"q": 'say "hi"\\'} for _ in range(30_000)], "next": '\\"}]{["'}
+    shape = shape_of(json.dumps(value).encode())
+    assert shape.keys == ("items", "next")
+    assert shape.nested["next"] == "string"
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.text(max_size=6), min_size=1, max_size=4))
+def test_a_records_path_reads_back_as_written(keys: list[str]) -> None:
+    path = tuple(keys)
+    assert parse_path(path_text(path)) == path
+    assert "\n" not in path_text(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [("items", ("items",)), ("$.data.search.nodes", ("data", "search", "nodes")),
+     ('.["a.b"].c', ("a.b", "c")), ("$", ()), ("", ())],
+)  # fmt: skip
+def test_records_paths_as_a_model_writes_them(text: str, path: tuple[str, ...]) -> None:
+    assert parse_path(text) == path
+
+
+@pytest.mark.parametrize("text", ["a..b", "a b", "items[0]", "a.", '["unclosed'])
+def test_a_malformed_records_path_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a path"):
+        parse_path(text)

@@ -23,6 +23,7 @@ from openai.types.chat import ChatCompletionToolParam
 from openai.types.responses import FunctionToolParam
 from pydantic import TypeAdapter, ValidationError
 
+from api_shapes import github_search, slack_history
 from conftest import read_all_pages
 from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
 from spillbox.codemode import DEFAULT_TIMEOUT
@@ -280,15 +281,17 @@ def nullable(spec: ToolSpec) -> set[str]:
     }
 
 
-def test_read_artifact_schema_offers_path_artifact_id_and_cursor(harness: Harness) -> None:
+def test_read_artifact_schema_offers_path_artifact_id_cursor_and_records(
+    harness: Harness,
+) -> None:
     with harness.task("defs") as task:
         [read] = [s for s in Toolset(task).specs() if s.name == "read_artifact"]
     assert isinstance(read, ToolSpec)
-    assert set(read.parameters["properties"]) == {"path", "artifact_id", "cursor"}
+    assert set(read.parameters["properties"]) == {"path", "artifact_id", "cursor", "records"}
     # Strict mode lists them all as required; each is nullable: path or artifact_id is
     # checked at the call.
-    assert read.parameters["required"] == ["path", "artifact_id", "cursor"]
-    assert nullable(read) == {"path", "artifact_id", "cursor"}
+    assert read.parameters["required"] == ["path", "artifact_id", "cursor", "records"]
+    assert nullable(read) == {"path", "artifact_id", "cursor", "records"}
 
 
 def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
@@ -895,3 +898,65 @@ def test_notice_hints_are_calls_of_the_registered_tools(harness: Harness) -> Non
             output = toolset.call(name, args)
             assert not output.is_error, output.text
             assert json.loads(output.text)["artifact_id"] == call_id
+
+
+# read_artifact over records wrapped in an object
+
+
+def test_wrapped_records_are_read_as_records_after_the_envelope(harness: Harness) -> None:
+    value = slack_history(120)
+    with harness.task("slack") as task:
+        admitted = offload(task, "history", json.dumps(value, indent=2))
+        fields = parse_notice(admitted.text)
+        assert fields is not None and fields["records"] == "messages, 120 objects"
+        pages = read_pages(Toolset(task), LIMIT, artifact_id="history")
+    envelope, *records = pages
+    assert envelope["unit"] == "envelope" and envelope["records"] == "messages"
+    assert envelope["envelope"]["response_metadata"] == value["response_metadata"]
+    assert envelope["envelope"]["messages"].startswith("[120 records at messages")
+    assert envelope["total"] == 120 and envelope["has_more"]
+    assert len(records) > 2 and all(p["unit"] == "records" for p in records)
+    assert all(p["records"] == "messages" and not p["partial"] for p in records)
+    assert [item for p in records for item in p["items"]] == value["messages"]
+    assert records[-1]["position"]["end"] == 120
+
+
+def test_read_artifact_pages_the_array_its_records_argument_names(harness: Harness) -> None:
+    value = github_search(60)
+    value["warnings"] = [{"code": i} for i in range(3)]
+    with harness.task("named") as task:
+        offload(task, "search", json.dumps(value))
+        toolset = Toolset(task)
+        pages = read_pages(toolset, LIMIT, artifact_id="search", records="$.warnings")
+        assert {p["records"] for p in pages} == {"warnings"}
+        # The envelope holds the 60 items now: too big for a page, it comes in slices.
+        *envelope, last = pages
+        assert len(envelope) > 1 and all(p["partial"] for p in envelope)
+        assert json.loads("".join(p["text"] for p in envelope))["items"] == value["items"]
+        assert last["unit"] == "records" and last["items"] == value["warnings"]
+        first = json.loads(toolset.call("read_artifact", {"artifact_id": "search"}).text)
+        assert first["records"] == "items"
+        # A cursor walks the path it was made for: another one is refused, null follows it.
+        wrong = toolset.call(
+            "read_artifact",
+            {"artifact_id": "search", "cursor": first["next_cursor"], "records": "warnings"},
+        )
+        assert wrong.is_error and "another records path" in wrong.text
+        same = toolset.call(
+            "read_artifact",
+            {"artifact_id": "search", "cursor": first["next_cursor"], "records": None},
+        )
+        assert json.loads(same.text)["items"][0] == value["items"][0]
+        for bad, said in [
+            ("total_count", "its arrays are items, warnings"),
+            ("items[0]", "not a path"),
+        ]:
+            output = toolset.call("read_artifact", {"artifact_id": "search", "records": bad})
+            assert output.is_error and said in output.text, output.text
+
+
+def test_a_records_argument_on_a_bare_array_is_refused_clearly(harness: Harness) -> None:
+    with harness.task("bare") as task:
+        offload(task, "arr", json.dumps([{"id": i, "body": "x" * 40} for i in range(300)]))
+        output = Toolset(task).call("read_artifact", {"artifact_id": "arr", "records": "items"})
+    assert output.is_error and "leave records null" in output.text

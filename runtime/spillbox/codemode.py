@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from spillbox.errors import ExecError
 from spillbox.notice import Hint
+from spillbox.profile import path_text
 from spillbox.protocols import TaskHandle
 from spillbox.types import LANGS, Artifact, ExecResult, RawExec, ToolResult
 
@@ -104,6 +105,9 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
     """One or two ready-to-run inspections of an artifact, in languages the sandbox has."""
     found: list[Hint] = []
     shape = artifact.shape
+    records = shape.records if shape.kind == "json_object" else None
+    if records is not None:
+        return _records_hints(artifact, records.path, languages)
     if "sql" in languages and shape.kind in TABLE_SHAPES:
         table = table_name(artifact.id)
         if shape.kind == "json_object":
@@ -125,4 +129,28 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
         found.append(Hint("sh", f"tail -n 20 {artifact.path}"))
     elif "sh" in languages and shape.kind == "binary":
         found.append(Hint("sh", f"od -A d -t x1 {artifact.path} | head -n 8"))
+    return found
+
+
+def _records_hints(
+    artifact: Artifact, path: tuple[str, ...], languages: Sequence[str]
+) -> list[Hint]:
+    """For records wrapped in an object: SQL with one row per record (the object is one
+    row, the records a list in it), jq over the path, and jq showing the envelope (the
+    object without its records)."""
+    found: list[Hint] = []
+    if "sql" in languages:
+        first, *rest = path
+        fields = "".join("['" + key.replace("'", "''") + "']" for key in rest)
+        table = table_name(artifact.id)
+        found.append(
+            Hint(
+                "sql",
+                f"SELECT unnest({table_name(first)}{fields}, max_depth := 2) FROM {table} LIMIT 5",
+            )
+        )
+    if "sh" in languages:
+        jq_path = "." + path_text(path)
+        found.append(Hint("sh", f"jq -c {shell_quote(jq_path + '[:2][]')} {artifact.path}"))
+        found.append(Hint("sh", f"jq -c {shell_quote(f'del({jq_path})')} {artifact.path}"))
     return found

@@ -18,6 +18,11 @@ so no payload can break a line or forge a field. Example:
     tail: "...\\"state\\": \\"open\\"}]"
     hint: sql: SELECT count(*) FROM "c1"
     [/spillbox]
+
+A JSON object that wraps records (an API response: {"total_count": 2, "items": [...]})
+also gets a `records:` line, the path of its largest array of objects and its length:
+`records: data.search.nodes, about 27,000 objects`. read_artifact pages that path, and
+the hints query it.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from dataclasses import dataclass
 
 import regex
 
+from spillbox.profile import path_text
 from spillbox.tokens import TokenCounter
-from spillbox.types import Shape, TokenCount
+from spillbox.types import ArrayFacts, Shape, TokenCount
 
 NOTICE_VERSION = 1
 OPEN = f"[spillbox offloaded v{NOTICE_VERSION}]"
@@ -141,6 +147,9 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: i
         label = "columns" if facts.shape.kind == "csv" else "keys"
         suffix = f" (+{more} more)" if more else ""
         lines.append(f"{label}: {_quote(shown)}{suffix}")
+    records = facts.shape.records if facts.shape.kind == "json_object" else None
+    if records is not None and (keys_shown or preview_chars):
+        lines.append(f"records: {path_text(records.path)}, {_counted(records)}")
     if facts.shape.kind == "binary":
         lines.append(f"head_hex: {facts.binary_head[:BINARY_HEAD_BYTES].hex()}")
     elif preview_chars:
@@ -156,15 +165,19 @@ def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: i
     return "\n".join(lines)
 
 
+def _counted(facts: ArrayFacts) -> str:
+    if facts.count is None:
+        return f"{facts.element or 'elements'} (count unknown)"
+    return f"{'' if facts.count_exact else 'about '}{facts.count:,} {facts.element or 'elements'}"
+
+
 def describe(shape: Shape) -> str:
     """One line: what the payload is, e.g. "JSON array of 500 objects"."""
     count = "" if shape.count is None else f"{'' if shape.count_exact else 'about '}{shape.count:,}"
     match shape.kind:
         case "json_array":
-            what = shape.element or "elements"
-            if shape.count is None:
-                return f"JSON array of {what} (count unknown)"
-            return f"JSON array of {count} {what}"
+            whole = ArrayFacts((), shape.count, shape.count_exact, shape.element)
+            return f"JSON array of {_counted(whole)}"
         case "json_object":
             return f"JSON object with {len(shape.keys)}{'' if shape.count_exact else '+'} keys"
         case "json_scalar":

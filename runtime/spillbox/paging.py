@@ -22,11 +22,12 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spillbox.errors import ConfigError
+from spillbox.profile import arrays_in, loaded_shape, path_text
 from spillbox.tokens import TokenCounter, count_within
 
 CURSOR_VERSION = 1
@@ -46,12 +47,17 @@ class CursorError(ConfigError):
     """A cursor that cannot be used: tampered, expired, or made for something else."""
 
 
+ENVELOPE: Position = (-1, 0)
+"""Where the pages of records wrapped in an object start: the envelope, the object with
+its records left out (totals, next links, metadata), is a page of its own before them."""
+
+
 @dataclass(frozen=True)
 class Page:
     """One slice of an artifact, as read_artifact returns it."""
 
     unit: str
-    """"records", "lines" or "bytes"."""
+    """"records", "envelope", "lines" or "bytes"."""
     start: Position
     end: Position
     total: int
@@ -59,6 +65,10 @@ class Page:
     text: str | None
     partial: bool
     """True if this page is a slice of one record or line too big for a page."""
+    records: tuple[str, ...] | None = None
+    """For records wrapped in an object: the path of the array it walks."""
+    envelope: Any = None
+    """The envelope, on its page (when it is whole)."""
 
     @property
     def has_more(self) -> bool:
@@ -137,43 +147,111 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-_parsed: OrderedDict[str, list[Any] | None] = OrderedDict()
+_parsed: OrderedDict[str, Any] = OrderedDict()
 _parsed_lock = threading.Lock()
 
 
-def _records(data: bytes, digest: str, kind: str) -> list[Any] | None:
-    """The records of a JSON array or NDJSON payload, else None; parsed once per digest
-    (a payload that is not records is remembered too, or every page would parse it)."""
+def _loaded(data: bytes, digest: str, kind: str) -> Any:
+    """The records of a JSON array or NDJSON payload, or a JSON object, else None; parsed
+    once per digest (a payload that is none of these is remembered too, or every page
+    would parse it)."""
     key = f"{digest}:{kind}"
     with _parsed_lock:
         if key in _parsed:
             _parsed.move_to_end(key)
             return _parsed[key]
-    records: list[Any] | None
+    value: Any
     try:
-        if kind == "json_array":
-            value = json.loads(data)
-            records = value if isinstance(value, list) else None
+        if kind == "ndjson":
+            value = [json.loads(line) for line in data.splitlines() if line.strip()]
         else:
-            records = [json.loads(line) for line in data.splitlines() if line.strip()]
-    except ValueError:
-        records = None
+            value = json.loads(data)
+            wanted = list if kind == "json_array" else dict
+            value = value if isinstance(value, wanted) else None
+    except (ValueError, RecursionError):
+        value = None
     with _parsed_lock:
-        _parsed[key] = records
+        _parsed[key] = value
         while len(_parsed) > _PARSED_CACHE:
             _parsed.popitem(last=False)
-    return records
+    return value
+
+
+def records_path(
+    data: bytes, digest: str, kind: str, asked: tuple[str, ...] | None
+) -> tuple[str, ...] | None:
+    """The path of the records that a JSON object's pages walk: `asked` (which must name
+    an array in it), else its largest array of objects; None for any other payload, or an
+    object without records (it pages as lines)."""
+    if kind != "json_object":
+        if asked:
+            raise ConfigError(
+                f"records path {path_text(asked)!r} is for a JSON object that wraps records; "
+                "this artifact is not one: leave records null"
+            )
+        return None
+    value = _loaded(data, digest, kind)
+    if not isinstance(value, dict):
+        return None
+    if asked is None:
+        shape = loaded_shape(value)
+        found = shape.records if shape is not None else None
+        return found.path if found is not None else None
+    if not asked or not isinstance(_at(value, asked), list):
+        arrays = ", ".join(path_text(facts.path) for facts in arrays_in(value)) or "none"
+        raise ConfigError(
+            f"records path {path_text(asked)!r} is not an array in this artifact: "
+            f"its arrays are {arrays}"
+        )
+    return asked
+
+
+def _at(value: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _envelope(value: dict[str, Any], path: tuple[str, ...], count: int) -> dict[str, Any]:
+    """The object with the records at path replaced by a short string that says so."""
+    said = f"[{count} records at {path_text(path)}: on the pages after this one]"
+
+    def replaced(inner: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+        key, *rest = keys
+        return {**inner, key: replaced(inner[key], tuple(rest)) if rest else said}
+
+    return replaced(value, path)
 
 
 def page(
-    data: bytes, digest: str, kind: str, start: Position, counter: TokenCounter, limit: int
+    data: bytes,
+    digest: str,
+    kind: str,
+    start: Position | None,
+    counter: TokenCounter,
+    limit: int,
+    records: tuple[str, ...] | None = None,
 ) -> Page:
-    """The page of an artifact that starts at `start`, at most `limit` tokens of content."""
+    """The page of an artifact that starts at `start` (None: the first page), at most
+    `limit` tokens of content; `records` is the path of wrapped records to walk (see
+    records_path)."""
     budget = max(int(limit * PAGE_SHARE), 16)
+    if kind == "json_object" and records is not None:
+        document = _loaded(data, digest, kind)
+        found = _at(document, records)
+        if isinstance(found, list):
+            start = ENVELOPE if start is None else start
+            if start[0] < 0:
+                whole = _envelope(document, records, len(found))
+                return _envelope_page(whole, start, len(found), records, counter, budget)
+            return replace(_record_page(found, start, counter, budget), records=records)
+    start = (0, 0) if start is None else start
     if kind in ("json_array", "ndjson"):
-        records = _records(data, digest, kind)
-        if records is not None:
-            return _record_page(records, start, counter, budget)
+        loaded = _loaded(data, digest, kind)
+        if loaded is not None:
+            return _record_page(loaded, start, counter, budget)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -199,6 +277,21 @@ def _record_page(records: list[Any], start: Position, counter: TokenCounter, bud
         used += tokens + 1  # and the separator
         index += 1
     return Page("records", start, (index, 0), len(records), items, None, False)
+
+
+def _envelope_page(
+    envelope: dict[str, Any],
+    start: Position,
+    total: int,
+    path: tuple[str, ...],
+    counter: TokenCounter,
+    budget: int,
+) -> Page:
+    """The envelope whole, or a slice of its JSON when it is too big for a page."""
+    encoded = json.dumps(envelope, ensure_ascii=False)
+    if start == ENVELOPE and _tokens_within(counter, encoded, budget, escape=False) is not None:
+        return Page("envelope", start, (0, 0), total, None, None, False, path, envelope)
+    return replace(_slice_of_one("envelope", encoded, start, total, counter, budget), records=path)
 
 
 def _line_page(lines: list[str], start: Position, counter: TokenCounter, budget: int) -> Page:

@@ -10,15 +10,35 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import ijson
 import puremagic
 
-from spillbox.types import Shape
+from spillbox.types import ArrayFacts, Shape
 
 PROFILE_BUDGET_BYTES = 256 * 1024
 """How much of a payload the profiler parses; beyond it, counts are extrapolated."""
+TAIL_BUDGET_BYTES = 16 * 1024
+"""How much of a large JSON object's end the profiler reads backwards, for the keys that
+follow its records (Slack's has_more, GraphQL's pageInfo) and where the records end."""
+RECORDS_MAX_DEPTH = 4
+"""How many keys deep the profile looks for arrays: GraphQL's data.repository.pullRequests.nodes."""
+MAX_ARRAYS = 32
+"""Arrays described per object at most (the first in document order)."""
+MAX_EVENTS = 40_000
+"""Parser events a large object's head stops after, within the byte budget: small dense
+records (ids, short names) give four times the events per byte of typical API records."""
+_OBJECT_BUF_BYTES = 16 * 1024
+"""ijson's read size for objects: positions are known to within it, so small reads make
+the extrapolated counts closer."""
+_TAIL_MAX_QUOTES = 4096
+_LONG_STRING = 1024
+"""A string longer than this counts against the tail's budget as this long: skipping it
+costs a few rfind calls whatever its length."""
 
 _SNIFF_LINES = 20
 
@@ -48,6 +68,40 @@ def profile(data: bytes, text: str | None) -> Shape:
     return _csv_shape(data, text) or Shape(kind="text", count=_line_count(data))
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SEGMENT = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\.?\[("(?:[^"\\]|\\.)*")\]')
+
+
+def path_text(path: tuple[str, ...]) -> str:
+    """A records path as the notice and read_artifact write it: data.search.nodes, with a
+    key that is not a plain name JSON-quoted in brackets (["a.b"].items)."""
+    parts = [
+        ("." if index else "") + key if _NAME.fullmatch(key) else f"[{json.dumps(key)}]"
+        for index, key in enumerate(path)
+    ]
+    return "".join(parts)
+
+
+def parse_path(text: str) -> tuple[str, ...]:
+    """The keys of a path written as path_text writes it; a leading $ or . is allowed, and
+    "", "$" or "." is the top. Raises ValueError for anything else."""
+    rest = text.strip().removeprefix("$")
+    if rest in ("", "."):
+        return ()
+    keys: list[str] = []
+    position = 0
+    while position < len(rest):
+        match = _SEGMENT.match(rest, position)
+        if match is None or (keys and match.group(1) and rest[position] != "."):
+            raise ValueError(
+                f"records path {text!r} is not a path: write keys with dots, e.g. "
+                'data.search.nodes, and a key with other characters as ["a.b"]'
+            )
+        keys.append(match.group(1) or json.loads(match.group(2)))
+        position = match.end()
+    return tuple(keys)
+
+
 def _line_count(data: bytes) -> int:
     if not data:
         return 0
@@ -72,7 +126,7 @@ def _json_shape(data: bytes) -> Shape | None:
     """
     if len(data) <= PROFILE_BUDGET_BYTES:
         try:
-            return _loaded_shape(json.loads(data, parse_constant=_reject_constant))
+            return loaded_shape(json.loads(data, parse_constant=_reject_constant))
         except ValueError:
             return None
         except RecursionError:
@@ -96,7 +150,8 @@ def _kind_of(value: Any) -> str:
     return "null" if value is None else "number"
 
 
-def _loaded_shape(value: Any) -> Shape | None:
+def loaded_shape(value: Any) -> Shape | None:
+    """The shape of a parsed JSON array or object (None for a scalar)."""
     if isinstance(value, list):
         keys: dict[str, None] = {}
         for element in value:
@@ -113,12 +168,39 @@ def _loaded_shape(value: Any) -> Shape | None:
             kind="json_object",
             keys=tuple(value),
             nested={key: _kind_of(item) for key, item in value.items()},
+            arrays=tuple(arrays_in(value)),
         )
     return None
 
 
+def arrays_in(value: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[ArrayFacts]:
+    """The arrays of an object reached through keys, RECORDS_MAX_DEPTH keys deep at most,
+    in document order (at most MAX_ARRAYS of them)."""
+    found = 0
+    for key, item in value.items():
+        if found >= MAX_ARRAYS:
+            return
+        if isinstance(item, list):
+            kinds = {_kind_of(element) for element in item}
+            found += 1
+            yield ArrayFacts((*path, key), len(item), True, _element_name(kinds))
+        elif isinstance(item, dict) and len(path) + 1 < RECORDS_MAX_DEPTH:
+            for facts in arrays_in(item, (*path, key)):
+                if found >= MAX_ARRAYS:
+                    return
+                found += 1
+                yield facts
+
+
 def _streamed_shape(data: bytes) -> Shape | None:
-    """Stream-parse up to the budget; None if the payload is not exactly one JSON value.
+    """Stream-parse up to the budget; None if the payload is not exactly one JSON value."""
+    if data.lstrip()[:1] == b"{":
+        return _streamed_object(data)
+    return _streamed_array(data)
+
+
+def _streamed_array(data: bytes) -> Shape | None:
+    """A JSON array, or None.
 
     basic_parse, not parse: parse builds a path string for every event, which costs
     memory quadratic in the nesting depth (100 KB of "[" exhausted 4 GB).
@@ -185,6 +267,262 @@ def _streamed_shape(data: bytes) -> Shape | None:
     if top == "start_map":
         return Shape(kind="json_object", keys=tuple(keys), nested=nested, count_exact=finished)
     return None
+
+
+@dataclass
+class _Frame:
+    """A container open in the stream: an object, or an array with its count so far."""
+
+    kind: str
+    path: tuple[str, ...] | None
+    """Keys from the top, where reached through objects only and not too deep."""
+    key: str = ""
+    """For an object: the key whose value comes next."""
+    count: int = 0
+    kinds: set[str] = field(default_factory=set)
+    marks: list[tuple[int, int]] = field(default_factory=list)
+    """(bytes read, elements complete) each time the parser read more, first and last:
+    the elements in a known span of bytes, for extrapolating."""
+
+
+def _streamed_object(data: bytes) -> Shape | None:
+    """A JSON object from its first PROFILE_BUDGET_BYTES, and its last TAIL_BUDGET_BYTES
+    read backwards when it is longer; None if the payload is not one JSON object."""
+    stream = io.BytesIO(data)
+    stack: list[_Frame] = []
+    keys: dict[str, None] = {}
+    nested: dict[str, str] = {}
+    arrays: list[_Frame] = []
+    finished = False
+    read = 0
+    try:
+        parsed = ijson.basic_parse(stream, buf_size=_OBJECT_BUF_BYTES)
+        for events, (event, value) in enumerate(parsed):
+            if finished or (not stack and event != "start_map"):
+                return None  # trailing data (NDJSON), or not an object
+            if stream.tell() != read:  # the parser read more: mark, and stop past the budget
+                _mark(stack, read)
+                if read > PROFILE_BUDGET_BYTES or events > MAX_EVENTS:
+                    break
+                read = stream.tell()
+            if event == "map_key":
+                stack[-1].key = value
+                if len(stack) == 1:
+                    keys.setdefault(value, None)
+            elif event in ("end_map", "end_array"):
+                stack.pop()
+                finished = not stack
+                if stack and stack[-1].kind == "array":
+                    stack[-1].count += 1
+            else:
+                kind = _KIND_NAMES[event]
+                parent = stack[-1] if stack else None
+                if parent is not None and parent.kind == "array":
+                    parent.kinds.add(kind)
+                    parent.count += event not in ("start_map", "start_array")
+                elif parent is not None and len(stack) == 1:
+                    nested.setdefault(parent.key, kind)
+                if event in ("start_map", "start_array"):
+                    path = _child_path(parent)
+                    stack.append(_Frame(kind, path))
+                    if kind == "array" and path is not None and len(arrays) < MAX_ARRAYS:
+                        arrays.append(stack[-1])
+    except ijson.JSONError:
+        return None
+    if not stack and not finished:
+        return None
+    facts = {id(frame): _facts(frame, exact=True) for frame in arrays}
+    if not finished:
+        tail = _tail_frames(data, read)
+        for frame in stack:
+            if frame.kind == "array" and id(frame) in facts:
+                facts[id(frame)] = _facts(frame, exact=False, end=len(data))
+        pairs = zip(stack, tail, strict=False)
+        for depth, (frame, back) in enumerate(pairs):
+            if frame.kind != back.kind:
+                break
+            if frame.kind == "array" and id(frame) in facts:
+                facts[id(frame)] = _facts(frame, exact=False, end=back.end)
+            for key, kind, counted in reversed(back.members):
+                if depth == 0:
+                    keys.setdefault(key, None)
+                    nested.setdefault(key, kind)
+                if counted is not None and frame.path is not None:
+                    path = (*frame.path, key)
+                    if len(path) <= RECORDS_MAX_DEPTH and len(facts) < MAX_ARRAYS:
+                        facts[id(counted)] = ArrayFacts(
+                            path, counted.count, True, _element_name(counted.kinds)
+                        )
+    return Shape(
+        kind="json_object",
+        keys=tuple(keys),
+        nested=nested,
+        count_exact=finished,
+        arrays=tuple(facts.values()),
+    )
+
+
+def _child_path(parent: _Frame | None) -> tuple[str, ...] | None:
+    """The path of the value that starts in parent (the root's is ())."""
+    if parent is None:
+        return ()
+    if parent.kind != "object" or parent.path is None:
+        return None
+    return (*parent.path, parent.key) if len(parent.path) < RECORDS_MAX_DEPTH else None
+
+
+def _mark(stack: list[_Frame], read: int) -> None:
+    """The parser is about to read past `read`: every element complete so far ends in it."""
+    for frame in stack:
+        if frame.kind != "array":
+            continue
+        if not frame.marks or frame.marks[0][1] == frame.count:
+            frame.marks = [(read, frame.count)]  # none complete yet: start from here
+        else:
+            frame.marks[1:] = [(read, frame.count)]
+
+
+def _facts(frame: _Frame, exact: bool, end: int = 0) -> ArrayFacts:
+    """An array's facts; when not exact, its count extrapolated from the elements read to
+    `end`, where the array (or the payload) ends."""
+    assert frame.path is not None
+    count: int | None = frame.count
+    if not exact:
+        count = None
+        if len(frame.marks) == 2:
+            (first_read, first_count), (last_read, last_count) = frame.marks
+            if last_count > first_count:
+                rate = (last_count - first_count) / (last_read - first_read)
+                count = _estimate(max(frame.count, last_count + rate * (end - last_read)))
+    return ArrayFacts(frame.path, count, exact, _element_name(frame.kinds))
+
+
+@dataclass
+class _Back:
+    """A container entered reading backwards from the end of the payload."""
+
+    kind: str
+    end: int
+    """Where it closes."""
+    named: bool
+    """Reached through object keys only, within RECORDS_MAX_DEPTH: its keys matter."""
+    members: list[tuple[str, str, _Back | None]] = field(default_factory=list)
+    """For an object: (key, kind of value, the value if an array), last first."""
+    count: int = 0
+    kinds: set[str] = field(default_factory=set)
+
+
+_WHITESPACE = b" \t\r\n"
+_STOPS = b' \t\r\n,:[]{}"'
+
+
+def _tail_frames(data: bytes, floor: int) -> list[_Back]:
+    """The containers open at the start of the payload's last TAIL_BUDGET_BYTES (or where a
+    value too long to read back starts), outermost first, each with what follows there.
+
+    Reading JSON backwards is safe from its end, which is outside every string: a quote
+    read there closes a string, and the string opens at the previous quote not escaped
+    (preceded by an even run of backslashes). Long strings are skipped with rfind, so a
+    3 MB string value costs a few calls, not a 3 MB loop.
+    """
+    stack: list[_Back] = []
+    pending: tuple[str, _Back | None] | None = None  # a value read, its key not yet
+    after_colon = False
+    i = len(data)
+    skipped = 0  # bytes of long strings jumped over: a few rfind calls, not a loop
+    while True:
+        while i > floor and data[i - 1] in _WHITESPACE:
+            i -= 1
+        if i <= floor or len(data) - i - skipped > TAIL_BUDGET_BYTES:
+            break
+        char = data[i - 1 : i]
+        if char == b'"':
+            close = i - 1
+            i = _string_start(data, close, floor)
+            if i < 0:
+                break
+            skipped += max(close - i - _LONG_STRING, 0)
+            if after_colon and stack and stack[-1].kind == "object" and pending is not None:
+                if stack[-1].named:
+                    stack[-1].members.append((_decoded(data[i + 1 : close]), *pending))
+                pending, after_colon = None, False
+                continue
+            kind = "string"
+        elif char in (b"}", b"]"):
+            i -= 1
+            kind = "object" if char == b"}" else "array"
+            parent = stack[-1] if stack else None
+            named = parent is None or (
+                parent.kind == "object" and parent.named and len(stack) <= RECORDS_MAX_DEPTH
+            )
+            entered = _Back(kind, i, named)
+            _read_back(stack, kind, None)
+            stack.append(entered)
+            pending = None
+            continue
+        elif char in (b"{", b"["):
+            i -= 1
+            if not stack:
+                break
+            closed = stack.pop()
+            if not stack:
+                break
+            pending = _read_back(stack, closed.kind, closed if closed.kind == "array" else None)
+            continue
+        elif char == b":":
+            i -= 1
+            after_colon = True
+            continue
+        elif char == b",":
+            i -= 1
+            continue
+        else:
+            start = i - 1
+            while start > floor and data[start - 1 : start] not in _STOPS:
+                start -= 1
+            token = data[start:i]
+            i = start
+            kind = "number" if token[:1] in b"-0123456789" else _LITERALS.get(token, "string")
+        pending = _read_back(stack, kind, None)
+    return stack
+
+
+_LITERALS = {b"true": "boolean", b"false": "boolean", b"null": "null"}
+
+
+def _read_back(stack: list[_Back], kind: str, value: _Back | None) -> tuple[str, _Back | None]:
+    """A value read backwards: an element of an array, or an object's value, its key next."""
+    if stack and stack[-1].kind == "array":
+        stack[-1].count += 1
+        stack[-1].kinds.add(kind)
+    return kind, value
+
+
+def _string_start(data: bytes, close: int, floor: int) -> int:
+    """Where the string that closes at `close` opens; -1 if not after floor (or too many
+    escaped quotes to look through)."""
+    end = close
+    for _ in range(_TAIL_MAX_QUOTES):
+        quote = data.rfind(b'"', floor, end)
+        if quote < 0:
+            return -1
+        slashes = quote
+        while slashes > floor and data[slashes - 1] == 0x5C:
+            slashes -= 1
+        if (quote - slashes) % 2 == 0:
+            return quote
+        end = quote
+    return -1
+
+
+def _decoded(raw: bytes) -> str:
+    if b"\\" not in raw:
+        return raw.decode("utf-8", "replace")
+    try:
+        value = json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+    return str(value)
 
 
 def _estimate(count: float) -> int:

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from spillbox.codemode import DEFAULT_TIMEOUT
 from spillbox.errors import SpillboxError
 from spillbox.notice import Hint
-from spillbox.paging import CURSOR_TTL_SECONDS, CursorSigner, Page, page
+from spillbox.paging import (
+    CURSOR_TTL_SECONDS,
+    CursorError,
+    CursorSigner,
+    Page,
+    page,
+    records_path,
+)
+from spillbox.profile import parse_path, path_text
 from spillbox.types import LANGS
 
 if TYPE_CHECKING:
@@ -121,8 +129,10 @@ SPECS: dict[str, ToolSpec] = {
     READ_ARTIFACT: ToolSpec(
         READ_ARTIFACT,
         "Read an offloaded artifact one page at a time: whole records of a JSON array or "
-        "NDJSON (items), else whole lines of text (text). Pass the path from a notice or "
-        "the artifact_id; pass next_cursor back as cursor for the next page.",
+        "NDJSON (items), else whole lines of text (text). A JSON object that wraps records "
+        "(a notice's records: line) pages those records: first its envelope (the other "
+        "keys), then the records as items. Pass the path from a notice or the artifact_id; "
+        "pass next_cursor back as cursor for the next page.",
         {
             "type": "object",
             "properties": {
@@ -131,8 +141,14 @@ SPECS: dict[str, ToolSpec] = {
                 "cursor": _optional(
                     "string", "next_cursor of the previous page; null for the first page."
                 ),
+                "records": _optional(
+                    "string",
+                    "For a JSON object: the path of the array to page, as a notice's records: "
+                    'line writes it (data.search.nodes; a key with dots as ["a.b"]); null for '
+                    "its largest array of records.",
+                ),
             },
-            "required": ["path", "artifact_id", "cursor"],
+            "required": ["path", "artifact_id", "cursor", "records"],
             "additionalProperties": False,
         },
         strict=True,
@@ -226,20 +242,35 @@ class Toolset:
             raise ValueError("give path (as a notice shows it) or artifact_id")
         task = self.task
         row = task.artifact(str(ref))
-        expect = {"task": task.id, "artifact": row.artifact_id, "sha": row.sha256[:16]}
-        start = (0, 0)
+        expect: dict[str, Any] = {
+            "task": task.id,
+            "artifact": row.artifact_id,
+            "sha": row.sha256[:16],
+        }
+        asked = parse_path(str(args["records"])) if args.get("records") is not None else None
+        start: tuple[int, int] | None = None
         if args.get("cursor"):
             fields = self._signer.check(str(args["cursor"]), expect)
             start = (int(fields["pos"][0]), int(fields["pos"][1]))
+            walked = tuple(fields["records"]) if fields.get("records") is not None else None
+            if asked is not None and asked != walked:
+                raise CursorError(
+                    "cursor belongs to another records path: pass the same records as the "
+                    "first page, or null"
+                )
+            asked = walked
         data = task.read(row, actor=READ_ARTIFACT)
+        kind = row.kind or _kind(row.name)
+        path = records_path(data, row.sha256, kind, asked)
+        expect["records"] = None if path is None else list(path)
         counter = task.counter
         # The page shares the per-call threshold with the JSON around it, whose path and
         # cursor can be long: the content gets what the largest such envelope leaves.
         most = row.bytes
-        widest = Page("bytes", (most, most), (most, most), most, None, "", True)
+        widest = Page("bytes", (most, most), (most, most), most, None, "", True, path)
         envelope = counter.count(_body(row, widest, self._cursor(expect, widest.end)))
         limit = max(task.policy.per_call_tokens - envelope, 1)
-        slice_ = page(data, row.sha256, row.kind or _kind(row.name), start, counter, limit)
+        slice_ = page(data, row.sha256, kind, start, counter, limit, path)
         next_cursor = self._cursor(expect, slice_.end) if slice_.has_more else None
         return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)
 
@@ -282,8 +313,12 @@ def tool_hints(plain: Sequence[Hint], artifact: Artifact, tools: frozenset[str])
 def _body(row: ArtifactRow, slice_: Page, next_cursor: str | None) -> str:
     """read_artifact's result: the page, where it lies, and how to get the next one."""
     body: dict[str, Any] = {"artifact_id": row.artifact_id, "path": row.path}
+    if slice_.records is not None:
+        body["records"] = path_text(slice_.records)
     if slice_.items is not None:
         body["items"] = slice_.items
+    elif slice_.envelope is not None:
+        body["envelope"] = slice_.envelope
     else:
         body["text"] = slice_.text
         if slice_.unit == "bytes":

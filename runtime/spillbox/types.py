@@ -86,6 +86,19 @@ class TokenCount:
 
 
 @dataclass(frozen=True)
+class ArrayFacts:
+    """An array inside a JSON object, reached from the top through object keys only."""
+
+    path: tuple[str, ...]
+    """The keys from the top, e.g. ("data", "search", "nodes")."""
+    count: int | None
+    """Its elements; None if not known."""
+    count_exact: bool = True
+    element: str | None = None
+    """What its elements are: "objects", "strings", "mixed values"... (None: empty)."""
+
+
+@dataclass(frozen=True)
 class Shape:
     """The shape of one payload, as the notice states it."""
 
@@ -101,6 +114,16 @@ class Shape:
     """For a JSON object: a short type per key ("array", "object", "string"...)."""
     mime: str | None = None
     """For binary payloads: the sniffed type, if any."""
+    arrays: tuple[ArrayFacts, ...] = ()
+    """For a JSON object: its arrays reached through keys (a path of up to four), in the
+    order they open; counts beyond the profile's budget are estimates and say so."""
+
+    @property
+    def records(self) -> ArrayFacts | None:
+        """For a JSON object: where its records are, the largest array of objects (ties:
+        the first); None if it holds none."""
+        found = [facts for facts in self.arrays if facts.element == "objects"]
+        return max(found, key=lambda facts: facts.count or 0, default=None)
 
     @property
     def extension(self) -> str:

@@ -68,7 +68,7 @@ def run_every_hint(toolset: Toolset, notice: str, depth: int = 0) -> set[str]:
                 run_every_hint(toolset, body["output"], depth + 1)
         else:
             assert body["path"] == parse_notice(notice)["path"]  # type: ignore[index]
-            assert body.get("items") or body.get("text")
+            assert body.get("items") or body.get("text") or body.get("envelope")
     return named
 
 
