@@ -328,8 +328,11 @@ def _spans(data: bytes) -> Iterator[_Span]:
         for start, end in _windows(ends, rule.window, len(data)):
             for match in rule.pattern.finditer(data, start, end):
                 span = _secret_span(match)
-                if span and _entropy(data[span[0] : span[1]]) >= rule.entropy:
-                    yield _Span(span[0], _word_end(data, span[1]), rule.kind)
+                if span is None:
+                    continue
+                if rule.entropy and _entropy(data[span[0] : span[1]]) < rule.entropy:
+                    continue
+                yield _Span(span[0], _word_end(data, span[1]), rule.kind)
     for start, end in _windows(keywords, KEY_CHARS + 16, len(data)):
         yield from _field_spans(data, start, end)
     yield from _url_and_header_spans(data)
@@ -370,9 +373,8 @@ _TOKEN_TAIL = re.compile(rb"[A-Za-z0-9_\-]+")
 
 
 def _entropy(secret: bytes) -> float:
-    counts = Counter(secret)
     size = len(secret)
-    return -sum(n / size * math.log2(n / size) for n in counts.values()) if size else 0.0
+    return math.log2(size) - sum(n * math.log2(n) for n in Counter(secret).values()) / size
 
 
 def _field_kind(name: bytes) -> str | None:
