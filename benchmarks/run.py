@@ -18,6 +18,7 @@ from pathlib import Path
 
 import common
 import gate_bench
+import mcp_bench
 import sandbox_bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,11 +26,12 @@ REPORT = ROOT / "BENCHMARKS.md"
 
 
 def report(quick: bool) -> str:
-    """Run both benches and return BENCHMARKS.md's text."""
+    """Run every bench and return BENCHMARKS.md's text."""
     machine = common.machine()  # first, so its load average is the load at the start
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     gate = gate_bench.run(quick)
     sandbox = sandbox_bench.run(quick)
+    mcp = mcp_bench.run(quick)
     load_start, load_end = machine["load average (1 / 5 / 15 min)"], common.load_average()
     cores = machine["cores"]
     kind = "a quick smoke run (smaller inputs, fewer repetitions)" if quick else "a full run"
@@ -55,7 +57,8 @@ def report(quick: bool) -> str:
             "make bench                        # sets up what is missing, then runs run.py",
             "python benchmarks/run.py          # the same, with spillbox installed",
             "python benchmarks/run.py --quick  # a smoke run: prints, leaves this file alone",
-            "python benchmarks/gate_bench.py   # one bench alone (also sandbox_bench.py)",
+            "python benchmarks/gate_bench.py   # one bench alone (also sandbox_bench.py,",
+            "                                  # mcp_bench.py)",
             "```",
             "",
             "## Gate: decide and store against a full count",
@@ -70,9 +73,19 @@ def report(quick: bool) -> str:
             "",
             sandbox_bench.markdown(sandbox),
             "",
+            "## MCP proxy",
+            "",
+            "`spillbox mcp proxy` in front of tests/mcp/toy_server.py (a server of the "
+            "official SDK's), against calling that server directly, both from the SDK's "
+            "client over stdio.",
+            "",
+            mcp_bench.markdown(mcp),
+            "",
             "## Targets",
             "",
-            common.targets_markdown(gate_bench.targets(gate) + sandbox_bench.targets(sandbox)),
+            common.targets_markdown(
+                gate_bench.targets(gate) + sandbox_bench.targets(sandbox) + mcp_bench.targets(mcp)
+            ),
             "",
             f"Measured under a load average of {load_start} (start) and {load_end} (end) on "
             f"{cores} cores; the absolute target (4 KB inline under 2 ms) is the one that "

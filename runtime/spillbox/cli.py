@@ -156,6 +156,19 @@ def _parser() -> argparse.ArgumentParser:
         help="gate every tool result of an MCP server: spillbox mcp proxy -- COMMAND ARGS...",
     )
     proxy.add_argument("--task", help="task id (default: a new task per connection)")
+    proxy.add_argument(
+        "--upstream-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="cancel a request the server leaves without an answer or progress this long "
+        "(default 300; 0: never)",
+    )
+    proxy.add_argument(
+        "--step-bound",
+        type=float,
+        metavar="SECONDS",
+        help="how long a finished result waits for the other calls of its step (default 2)",
+    )
     _retention_flags(proxy)
     proxy.add_argument("command", nargs="+", metavar="COMMAND", help="the server to run")
     proxy.set_defaults(func=_mcp)
@@ -164,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--task", required=True)
     _retention_flags(serve)
-    serve.set_defaults(func=_mcp, command=None)
+    serve.set_defaults(func=_mcp, command=None, upstream_timeout=None, step_bound=None)
 
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
@@ -408,12 +421,18 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    from spillbox.mcp import new_task_id, run
+    from spillbox.mcp import DEFAULT_UPSTREAM_TIMEOUT_SECONDS, STEP_BOUND_SECONDS, new_task_id, run
 
     args.task = args.task or new_task_id()
     # A long-lived server: garbage collection runs in the background, as in a harness.
     with Harness(sandbox=args.sandbox, home=args.home) as harness, _task(args, harness) as task:
-        run(task, args.command)
+        timeout = args.upstream_timeout
+        run(
+            task,
+            args.command,
+            timeout=DEFAULT_UPSTREAM_TIMEOUT_SECONDS if timeout is None else timeout or None,
+            bound=STEP_BOUND_SECONDS if args.step_bound is None else args.step_bound,
+        )
     return 0
 
 

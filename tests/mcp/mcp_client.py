@@ -18,6 +18,7 @@ SERVERS = REPO / ".cache" / "mcp-servers"
 NPM_PACKAGES = (
     "@modelcontextprotocol/server-everything",
     "@modelcontextprotocol/server-filesystem",
+    "@modelcontextprotocol/inspector",
 )
 COMMITS = 3000
 

@@ -1,7 +1,8 @@
 """Real MCP servers for the proxy's tests, installed from their registries: npm's
-server-everything and server-filesystem (into <repo>/.cache/mcp-servers, once) and PyPI's
-mcp-server-git (a dev dependency). Test modules load these fixtures with
-`pytest_plugins = ["mcp_fixtures"]` (a second conftest.py would shadow the suite's own).
+server-everything and server-filesystem, and the MCP Inspector as a second client (into
+<repo>/.cache/mcp-servers, once), and PyPI's mcp-server-git (a dev dependency). Test
+modules load these fixtures with `pytest_plugins = ["mcp_fixtures"]` (a second conftest.py
+would shadow the suite's own).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def anyio_backend() -> str:
 def npm_servers() -> Path:
     """The npm servers' bin folder, installed from the registry on first use."""
     bin_dir = SERVERS / "node_modules" / ".bin"
-    wanted = [bin_dir / "mcp-server-everything", bin_dir / "mcp-server-filesystem"]
+    names = ("mcp-server-everything", "mcp-server-filesystem", "mcp-inspector")
+    wanted = [bin_dir / name for name in names]
     if not all(path.exists() for path in wanted):
         npm = shutil.which("npm")
         if npm is None:

@@ -175,3 +175,17 @@ async def test_disconnect_stops_the_upstream_and_closes_the_task(
     assert not processes_with(marker), "the upstream still runs after the client left"
     with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
         assert "short" not in harness.tasks()  # keep-after-close 0: deleted at disconnect
+
+
+async def test_progress_keeps_a_long_call_within_the_upstream_timeout(
+    npm_servers: Path, home: Path
+) -> None:
+    """A call that runs 3 s, with progress every 0.5 s, under a 1 s upstream timeout: each
+    progress notification gives the server more time."""
+    server = npm_server(npm_servers, "mcp-server-everything", "stdio")
+    async with connect(proxy_params(home, server, "--upstream-timeout", "1")) as session:
+        result = await session.call_tool(
+            "trigger-long-running-operation", {"duration": 3, "steps": 6}
+        )
+    assert not result.is_error, text_of(result)
+    assert "completed" in text_of(result).lower()

@@ -12,6 +12,7 @@ from mcp_client import connect, proxy_params, toy_server
 
 from spillbox import parse_notice
 from spillbox.mcp.results import tool_result
+from spillbox.mcp.step import STEP_BOUND_SECONDS
 
 pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]
@@ -19,6 +20,14 @@ pytest_plugins = ["mcp_fixtures"]
 
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+async def appears(path: Path) -> None:
+    for _ in range(200):
+        if await anyio.Path(path).exists():
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"{path} did not appear in 10 s")
 
 
 def counted(text: str | None, structured: dict[str, object] | None) -> str | bytes:
@@ -57,3 +66,46 @@ async def test_a_large_structured_content_behind_a_short_text_is_offloaded(home:
     assert stored["text"] == "20000 rows"
     assert len(stored["structuredContent"]["rows"]) == 20_000
     assert text_of(small) == "3 rows" and small.structured_content is not None
+
+
+async def test_a_call_left_unanswered_is_cancelled_upstream_after_the_timeout(
+    home: Path, tmp_path: Path
+) -> None:
+    cancelled = tmp_path / "cancelled"
+    server = toy_server("--cancelled", str(cancelled))
+    async with connect(proxy_params(home, server, "--upstream-timeout", "1")) as session:
+        with anyio.fail_after(20):
+            result = await session.call_tool("never", {})
+        assert result.is_error
+        assert "no answer and no progress for 1 s" in text_of(result)
+        await appears(cancelled)  # notifications/cancelled reached the server
+        assert text_of(await session.call_tool("echo", {"text": "still here"})) == "still here"
+
+
+async def test_the_clients_cancel_reaches_the_upstream(home: Path, tmp_path: Path) -> None:
+    cancelled = tmp_path / "cancelled"
+    async with connect(proxy_params(home, toy_server("--cancelled", str(cancelled)))) as session:
+        with anyio.move_on_after(1):  # the SDK client sends notifications/cancelled
+            await session.call_tool("never", {})
+        await appears(cancelled)
+        assert text_of(await session.call_tool("echo", {"text": "next"})) == "next"
+
+
+async def test_a_finished_result_waits_for_its_step_at_most_the_step_bound(home: Path) -> None:
+    """Two calls overlap: the quick one is held while the slow one runs, but only until
+    STEP_BOUND_SECONDS after it finished; the slow one is then a step of its own."""
+    answered: dict[str, float] = {}
+    async with connect(proxy_params(home, toy_server())) as session:
+        started = anyio.current_time()
+
+        async def call(name: str, seconds: float) -> None:
+            result = await session.call_tool("sleep", {"seconds": seconds, "text": name})
+            assert text_of(result) == name
+            answered[name] = anyio.current_time() - started
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "slow", STEP_BOUND_SECONDS + 4)
+            await anyio.sleep(0.2)
+            group.start_soon(call, "quick", 0)
+    assert STEP_BOUND_SECONDS <= answered["quick"] < STEP_BOUND_SECONDS + 2, answered
+    assert answered["slow"] >= STEP_BOUND_SECONDS + 4, answered

@@ -1,6 +1,7 @@
 """A small MCP server (the official SDK's low-level Server over stdio) for what no real
 server does on demand: a structuredContent much larger than its text, a call that never
-answers, a result of a given size, a call that takes a given time.
+answers, a result of a given size, a call that takes a given time. The MCP benchmark
+(benchmarks/mcp_bench.py) uses it as its upstream too.
 
     python toy_server.py [--cancelled FILE]
 
@@ -26,6 +27,11 @@ TOOLS = [
         name="wide",
         description="A short text, and `rows` rows as structuredContent.",
         input_schema={"type": "object", "properties": {"rows": {"type": "integer"}}},
+    ),
+    types.Tool(
+        name="echo",
+        description="Returns `text`.",
+        input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
     ),
     types.Tool(name="never", description="Never answers.", input_schema=OBJECT),
     types.Tool(
@@ -74,6 +80,8 @@ def main() -> None:
             return types.CallToolResult(
                 content=[types.TextContent(text=summary)], structured_content=table
             )
+        if params.name == "echo":
+            return types.CallToolResult(content=[types.TextContent(text=str(args["text"]))])
         if params.name == "never":
             try:
                 await anyio.sleep_forever()

@@ -23,14 +23,24 @@ import anyio
 
 from spillbox.mcp.proxy import serve_stdio
 from spillbox.mcp.step import STEP_BOUND_SECONDS
+from spillbox.mcp.upstream import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from spillbox.protocols import TaskHandle
 
-__all__ = ["STEP_BOUND_SECONDS", "new_task_id", "run"]
+__all__ = ["DEFAULT_UPSTREAM_TIMEOUT_SECONDS", "STEP_BOUND_SECONDS", "new_task_id", "run"]
 
 
-def run(task: TaskHandle, command: Sequence[str] | None = None) -> None:
-    """Serve MCP on stdin/stdout: in front of command's server, or spillbox's tools alone."""
-    anyio.run(partial(serve_stdio, task, command))
+def run(
+    task: TaskHandle,
+    command: Sequence[str] | None = None,
+    *,
+    timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+    bound: float = STEP_BOUND_SECONDS,
+) -> None:
+    """Serve MCP on stdin/stdout: in front of command's server, or spillbox's tools alone.
+
+    timeout: seconds an upstream request may go without its answer or progress (None: no
+    limit); bound: how long a finished result waits for the other calls of its step."""
+    anyio.run(partial(serve_stdio, task, command, bound, timeout))
 
 
 def new_task_id() -> str:

@@ -35,10 +35,21 @@ from spillbox.mcp.local import LocalTools, as_call_result
 from spillbox.mcp.results import gated, tool_result
 from spillbox.mcp.step import STEP_BOUND_SECONDS, Steps
 from spillbox.mcp.transport import stdio
-from spillbox.mcp.upstream import UPSTREAM_GONE, Client, Upstream
+from spillbox.mcp.upstream import (
+    DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+    UPSTREAM_GONE,
+    UPSTREAM_TIMEOUT,
+    Client,
+    Upstream,
+)
 from spillbox.protocols import TaskHandle
 from spillbox.tools import tool_names
 from spillbox.types import Admitted, ToolResult
+
+ADMIT_IN_LOOP_CHARS = 4096
+"""A step's results of up to this many characters in all are gated on the event loop
+(well under a millisecond); larger ones in a worker thread, so that counting and storing
+them does not hold up other calls' messages. A thread hop costs about half a millisecond."""
 
 UPSTREAM_START_SECONDS = 120.0
 """How long the upstream may take to start and answer initialize (npx may download it)."""
@@ -68,14 +79,18 @@ class Proxy:
         command: Sequence[str] | None,
         group: anyio.abc.TaskGroup,
         bound: float = STEP_BOUND_SECONDS,
+        timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     ) -> None:
         self.task = task
         self.group = group
         self.client = Client()
-        self.upstream = Upstream(command, self.client, self._from_upstream) if command else None
+        self.upstream = (
+            Upstream(command, self.client, self._from_upstream, timeout) if command else None
+        )
         self.upstream_tools: dict[str, types.Tool] = {}
         self.local = LocalTools(task)
         self.steps = Steps(self._admit, bound)
+        self._admitting = anyio.Lock()
         self._calls = itertools.count(1)
         self.server = self._server()
 
@@ -215,13 +230,21 @@ class Proxy:
                 types.CallToolRequest(params=params), types.CallToolResult, _progress(ctx)
             )
         except MCPError as e:
-            if e.code != UPSTREAM_GONE:
+            if e.code == UPSTREAM_TIMEOUT:
+                text = f"{e.message} ({params.name}); the server may answer other calls"
+            elif e.code == UPSTREAM_GONE:
+                text = f"{e.message} during this call; spillbox's tools still work"
+            else:
                 raise
-            text = f"{e.message} during this call; spillbox's tools still work"
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
     async def _admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
-        return await anyio.to_thread.run_sync(self.task.admit, results)
+        # One step at a time: a small step gated on the loop never waits there for the
+        # task's lock while a large one is stored in a thread.
+        async with self._admitting:
+            if sum(len(result.content) for result in results) <= ADMIT_IN_LOOP_CHARS:
+                return self.task.admit(results)
+            return await anyio.to_thread.run_sync(self.task.admit, results)
 
     def _forward(
         self, request: type[Any], result: type[BaseModel]
@@ -258,11 +281,14 @@ def _progress(ctx: Ctx) -> ProgressFnT | None:
 
 
 async def serve_stdio(
-    task: TaskHandle, command: Sequence[str] | None, bound: float = STEP_BOUND_SECONDS
+    task: TaskHandle,
+    command: Sequence[str] | None,
+    bound: float = STEP_BOUND_SECONDS,
+    upstream_timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
 ) -> None:
     """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
     async with anyio.create_task_group() as group:
-        proxy = Proxy(task, command, group, bound)
+        proxy = Proxy(task, command, group, bound, upstream_timeout)
         group.start_soon(proxy.watch)
         async with stdio() as (read, write):
             await proxy.server.run(read, write, proxy.options())

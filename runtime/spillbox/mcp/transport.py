@@ -1,25 +1,43 @@
-"""MCP over this process's stdin and stdout (the SDK's stdio server), where a line that is
-not a JSON-RPC message gets a JSON-RPC error (id null), as JSON-RPC asks, instead of being
-dropped in silence.
+"""MCP over stdio: this process's stdin and stdout for the client, and the upstream
+server's pipes.
 
-    async with stdio() as (read, write):
+    async with stdio() as (read, write):                 # the client side
         await server.run(read, write, options)
+    async with upstream_stdio(command, env) as (read, write):   # the upstream side
+        async with ClientSession(read, write) as session: ...
+
+The client side is the SDK's stdio server, where a line that is not a JSON-RPC message
+gets a JSON-RPC error (id null), as JSON-RPC asks, instead of being dropped in silence.
+
+The upstream side is the SDK's stdio client but for how it reads a line: mcp 2.3.0's
+joins its whole buffer to each 64 KB chunk and splits it again, time quadratic in the
+line's length (a 100 MB result took its reader over a minute and a half of CPU), so the
+result spillbox exists for would stall it. Lines are read here in linear time, each
+copied once; the process is started and stopped as the SDK does (its own
+session, stdin closed, then the SDK's terminate_posix_process_tree).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 import mcp_types as types
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client._transport import ReadStream, WriteStream
+from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 Streams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
+
+EXIT_GRACE_SECONDS = 2.0
+"""How long an upstream may take to exit once its stdin is closed, and again after
+SIGTERM, before the next step (the SDK's own timeouts)."""
 
 
 @asynccontextmanager
@@ -55,3 +73,90 @@ def _error_for(error: Exception) -> types.JSONRPCError:
         message="Parse error: not JSON" if not_json else "Invalid request: not a JSON-RPC message",
     )
     return types.JSONRPCError(jsonrpc="2.0", id=None, error=data)
+
+
+@asynccontextmanager
+async def upstream_stdio(command: Sequence[str], env: Mapping[str, str]) -> AsyncIterator[Streams]:
+    """Start command with env and speak MCP over its stdin and stdout; stop it on exit."""
+    process = await anyio.open_process(
+        list(command), env=dict(env), stderr=sys.stderr, start_new_session=True
+    )
+    read_send, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+    async with anyio.create_task_group() as group:
+        group.start_soon(_read_lines, process, read_send)
+        group.start_soon(_write_lines, process, write_receive)
+        try:
+            yield read, write
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop(process)
+            group.cancel_scope.cancel()
+
+
+async def _read_lines(
+    process: anyio.abc.Process, sink: MemoryObjectSendStream[SessionMessage | Exception]
+) -> None:
+    assert process.stdout is not None
+    async with sink:
+        async for line in _lines(process.stdout):
+            try:
+                message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            except ValueError as e:
+                await sink.send(e)  # the session reports it; the connection goes on
+                continue
+            del line  # a large result is held once, as the message, from here on
+            try:
+                await sink.send(SessionMessage(message))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+
+
+async def _lines(stream: anyio.abc.ByteReceiveStream) -> AsyncIterator[bytes]:
+    """The stream's lines, each scanned and copied once: a long line is kept as its
+    chunks until its end arrives, then joined."""
+    parts: list[bytes] = []
+    while True:
+        try:
+            chunk = await stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            return  # the server exited
+        while (end := chunk.find(b"\n")) >= 0:
+            parts.append(chunk[:end])
+            chunk = chunk[end + 1 :]
+            line = b"".join(parts)
+            parts.clear()
+            yield line
+            del line
+        if chunk:
+            parts.append(chunk)
+
+
+async def _write_lines(
+    process: anyio.abc.Process, source: MemoryObjectReceiveStream[SessionMessage]
+) -> None:
+    assert process.stdin is not None
+    async with source:
+        async for item in source:
+            data = item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+            try:
+                await process.stdin.send(data.encode())
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                return
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    """Close its stdin and let it exit; then end its whole process group."""
+    assert process.stdin is not None
+    try:
+        await process.stdin.aclose()
+    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    with anyio.move_on_after(EXIT_GRACE_SECONDS):
+        # Not process.wait(): it waits for the pipes' EOF too, which a child that
+        # inherited them holds open (the SDK polls as well).
+        while process.returncode is None:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    if process.returncode is None:
+        await terminate_posix_process_tree(process, EXIT_GRACE_SECONDS)
+    await process.aclose()

@@ -8,7 +8,9 @@ client and ClientSession.
 The upstream is offered exactly the capabilities the proxy's client declared (sampling,
 elicitation, roots), and its requests for them are relayed to that client; its
 notifications go to on_notification. When it exits, `exited` is set and every request
-after that raises an MCPError that says so.
+after that raises an MCPError that says so. A request that gets neither its answer nor a
+progress notification for `timeout` seconds is cancelled upstream (the SDK sends
+notifications/cancelled for it) and raises an MCPError with UPSTREAM_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.client._transport import ReadStream
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import BaseModel
 
+from spillbox.mcp.transport import upstream_stdio
+
 ResultT = TypeVar("ResultT", bound=BaseModel)
 UPSTREAM_GONE = -32001
 """The JSON-RPC error code of a request the upstream can no longer answer."""
+UPSTREAM_TIMEOUT = -32002
+"""The JSON-RPC error code of a request the upstream left unanswered too long."""
+DEFAULT_UPSTREAM_TIMEOUT_SECONDS = 300.0
+"""How long a request may go without its answer or a progress notification."""
 
 
 class Client:
@@ -61,8 +68,11 @@ class Upstream:
         command: Sequence[str],
         client: Client,
         on_notification: Callable[[types.ServerNotification], Awaitable[None]],
+        timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     ) -> None:
         self.command = list(command)
+        self.timeout = timeout
+        """Seconds without an answer or progress before a request is cancelled; None: no limit."""
         self.client = client
         self.on_notification = on_notification
         self.session: ClientSession | None = None
@@ -83,17 +93,36 @@ class Upstream:
         self,
         request: types.ClientRequest,
         result_type: type[ResultT],
-        progress: ProgressFnT | None = None,
+        report: ProgressFnT | None = None,
     ) -> ResultT:
         """Send one request upstream; an MCPError with UPSTREAM_GONE once it has exited."""
         if self.session is None or self.exited.is_set():
             raise MCPError(UPSTREAM_GONE, self.gone)
-        try:
-            return await self.session.send_request(request, result_type, progress_callback=progress)
-        except MCPError as e:
-            if e.code == types.CONNECTION_CLOSED:
-                raise MCPError(UPSTREAM_GONE, self.gone) from None
-            raise
+        with anyio.CancelScope() as scope:
+            if self.timeout is not None:
+                scope.deadline = anyio.current_time() + self.timeout
+
+            async def on_progress(
+                progress: float, total: float | None, message: str | None
+            ) -> None:
+                if self.timeout is not None:  # a server still at work is given more time
+                    scope.deadline = anyio.current_time() + self.timeout
+                if report is not None:
+                    await report(progress, total, message)
+
+            try:
+                return await self.session.send_request(
+                    request, result_type, progress_callback=on_progress
+                )
+            except MCPError as e:
+                if e.code == types.CONNECTION_CLOSED:
+                    raise MCPError(UPSTREAM_GONE, self.gone) from None
+                raise
+        raise MCPError(
+            UPSTREAM_TIMEOUT,
+            f"the upstream MCP server sent no answer and no progress for {self.timeout:g} s; "
+            "spillbox cancelled the request",
+        )
 
     async def notify(self, notification: types.ClientNotification) -> None:
         if self.session is not None and not self.exited.is_set():
@@ -107,10 +136,8 @@ class Upstream:
     ) -> None:
         # The server gets the proxy's whole environment: a client configuration's "env"
         # (tokens, settings) is given to spillbox and meant for the server.
-        params = StdioServerParameters(
-            command=self.command[0], args=self.command[1:], env=dict(os.environ)
-        )
-        async with stdio_client(params) as (read, write), anyio.create_task_group() as group:
+        streams = upstream_stdio(self.command, os.environ)
+        async with streams as (read, write), anyio.create_task_group() as group:
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             group.start_soon(_until_eof, read, send, self.exited)
             async with ClientSession(

@@ -1,0 +1,61 @@
+"""The MCP Inspector's command line (npm @modelcontextprotocol/inspector --cli), a client
+of the TypeScript SDK's, through the proxy in front of server-filesystem: each command is
+one connection, so the task is named for the second to read what the first stored."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from mcp_client import BIN, npm_server
+
+from spillbox import parse_notice
+
+pytest_plugins = ["mcp_fixtures"]
+
+
+def inspector(npm_servers: Path, home: Path, server: list[str], *args: str) -> Any:
+    """One Inspector CLI command through `spillbox mcp proxy --task inspected`."""
+    proxy = [str(BIN / "spillbox"), "mcp", "proxy", "--home", str(home), "--sandbox", "none"]
+    command = [*proxy, "--task", "inspected", "--", *server]
+    done = subprocess.run(
+        [str(npm_servers / "mcp-inspector"), "--cli", *command, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def test_inspector_lists_calls_and_reads_back_through_the_proxy(
+    npm_servers: Path, tmp_path: Path, home: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    big = data / "users.ndjson"
+    lines = [json.dumps({"id": n, "name": f"user {n}"}) for n in range(20_000)]
+    big.write_text("\n".join(lines) + "\n")
+    server = npm_server(npm_servers, "mcp-server-filesystem", str(data))
+
+    listed = inspector(npm_servers, home, server, "--method", "tools/list")
+    names = {tool["name"] for tool in listed["tools"]}
+    assert {"read_text_file", "directory_tree", "read_artifact", "list_artifacts"} <= names
+
+    # The Inspector's SDK client validates structuredContent against the outputSchema.
+    call = ["--method", "tools/call", "--tool-name", "read_text_file"]
+    result = inspector(npm_servers, home, server, *call, "--tool-arg", f"path={big}")
+    [block] = result["content"]
+    notice = parse_notice(block["text"])
+    assert notice is not None, block["text"]
+    assert result["structuredContent"] == {"content": block["text"]}
+    assert Path(notice["path"]).read_text() == big.read_text()
+
+    tool, _, hint = notice["hint"].splitlines()[-1].partition(" ")
+    assert tool == "read_artifact"
+    arguments = [f"{key}={value}" for key, value in json.loads(hint).items()]
+    read = ["--method", "tools/call", "--tool-name", tool, "--tool-arg", *arguments]
+    page = json.loads(inspector(npm_servers, home, server, *read)["content"][0]["text"])
+    assert page["items"][0] == {"id": 0, "name": "user 0"} and page["has_more"] is True
