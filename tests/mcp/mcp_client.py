@@ -66,3 +66,23 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in environ and b"spillbox" not in cmdline:
             pids.append(int(proc.name))
     return pids
+
+
+def proxy_pid() -> int:
+    """The `spillbox mcp proxy` among this process's children (its upstream is a
+    grandchild)."""
+    for thread in Path("/proc/self/task").iterdir():
+        for child in (thread / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if b"mcp" in cmdline and b"proxy" in cmdline:
+                return int(child)
+    raise AssertionError("no spillbox mcp proxy among this process's children")
+
+
+def memory_kb(pid: int, field: str) -> int:
+    """VmRSS (now) or VmHWM (the peak) of a process, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return int(value.split()[0])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")

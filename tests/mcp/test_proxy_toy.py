@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import mcp_types as types
 import pytest
-from mcp_client import connect, proxy_params, toy_server
+from mcp_client import connect, memory_kb, proxy_params, proxy_pid, toy_server
 
 from spillbox import parse_notice
 from spillbox.mcp.results import tool_result
@@ -16,6 +16,10 @@ from spillbox.mcp.step import STEP_BOUND_SECONDS
 
 pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]
+
+MEMORY_RATIO_MAX = 8
+"""What a large result may add to the proxy's peak RSS, in multiples of its size
+(benchmarks/mcp_bench.py measured 6.0 for 100 MB): bounded by the result, not its time."""
 
 
 def text_of(result: types.CallToolResult) -> str:
@@ -109,3 +113,17 @@ async def test_a_finished_result_waits_for_its_step_at_most_the_step_bound(home:
             group.start_soon(call, "quick", 0)
     assert STEP_BOUND_SECONDS <= answered["quick"] < STEP_BOUND_SECONDS + 2, answered
     assert answered["slow"] >= STEP_BOUND_SECONDS + 4, answered
+
+
+async def test_a_100_mb_result_is_offloaded_with_the_proxys_memory_bounded(home: Path) -> None:
+    size = 100 * 2**20
+    async with connect(proxy_params(home, toy_server())) as session:
+        pid = proxy_pid()
+        before = memory_kb(pid, "VmRSS") * 1024
+        with anyio.fail_after(120):
+            result = await session.call_tool("blob", {"size": size})
+        peak = memory_kb(pid, "VmHWM") * 1024
+    notice = parse_notice(text_of(result))
+    assert notice is not None and notice["bytes"] == str(size), text_of(result)
+    assert (await anyio.Path(notice["path"]).stat()).st_size == size
+    assert peak - before < MEMORY_RATIO_MAX * size, (before, peak)
