@@ -23,6 +23,7 @@ from redaction_corpus import (
 )
 from spillbox import Harness, Retention, ToolResult
 from spillbox.redaction import Redaction, go_regex, kinds, redact, redact_payload
+from spillbox.tools import Toolset
 
 
 @pytest.fixture
@@ -185,3 +186,38 @@ def test_without_redaction_nothing_is_logged_as_redacted(harness: Harness) -> No
 
 def test_a_redaction_says_what_it_did() -> None:
     assert Redaction(b"x", {"jwt": 1, "github_pat": 2}).count == 3
+
+
+def test_read_artifact_pages_the_redacted_records(harness: Harness) -> None:
+    task = harness.task("t1", retention=Retention(redact=True))
+    payload = json.dumps([_ten_secrets(i) for i in range(200)])
+    [admitted] = task.admit([ToolResult(call_id="c1", tool="t", content=payload)])
+    assert admitted.artifact is not None
+    page = json.loads(Toolset(task).call("read_artifact", {"path": admitted.artifact.path}).text)
+    assert page["total"] == 200 and page["items"][0]["id"] == 0
+    assert page["items"][0]["password"] == "[REDACTED:password]"
+    for secret in [*SECRET_VALUES, "hunter2"]:
+        assert secret not in json.dumps(page)
+
+
+@pytest.mark.docker
+def test_sql_runs_on_redacted_json_and_csv(docker_home: Path) -> None:
+    table = "id,user,api_token\n" + "".join(f"{i},u{i},{github_pat}{i}\n" for i in range(500))
+    with (
+        Harness(sandbox="docker", home=docker_home) as harness,
+        harness.task("t1", retention=Retention(redact=True)) as task,
+    ):
+        task.admit(
+            [
+                ToolResult(
+                    call_id="j", tool="t", content=json.dumps([_ten_secrets(i) for i in range(200)])
+                ),
+                ToolResult(call_id="c", tool="t", content=table),
+            ]
+        )
+        rows = task.exec("sql", 'SELECT count(*) AS n, min(password) AS p, max(id) AS m FROM "j"')
+        assert rows.exit_code == 0, rows.stderr
+        assert rows.text.splitlines()[1] == "200,[REDACTED:password],199"
+        tokens = task.exec("sql", 'SELECT count(DISTINCT api_token) AS n, max(id) AS m FROM "c"')
+        assert tokens.exit_code == 0, tokens.stderr
+        assert tokens.text.splitlines()[1] == "1,499"
