@@ -1,8 +1,9 @@
 """Reading an artifact back a page at a time, at natural boundaries, under the gate.
 
-A page holds whole records (JSON array elements, NDJSON lines), whole text lines, or a
-run of bytes; one record or line too big for a page is itself cut into character
-slices, so even a 40 MB one-line JSON pages. Each page stays under the per-call
+A page holds whole records (JSON array elements, NDJSON lines, or the elements of an
+array inside a JSON object, after a page for the rest of the object: its envelope), whole
+text lines, or a run of bytes; one record or line too big for a page is itself cut into
+character slices, so even a 40 MB one-line JSON pages. Each page stays under the per-call
 threshold, so reading back never triggers an offload of the offload.
 
 Cursors are opaque to the model: a versioned payload signed with HMAC-SHA256 under a
