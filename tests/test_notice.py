@@ -171,6 +171,8 @@ def test_parse_notice_rejects_other_text() -> None:
             "JSON array of numbers (count unknown)",
         ),
         (Shape(kind="json_object", keys=("a", "b"), count_exact=False), "JSON object with 2+ keys"),
+        (Shape(kind="json_object", keys=("data",)), "JSON object with 1 key"),
+        (Shape(kind="json_object", keys=("data",), count_exact=False), "JSON object with 1+ keys"),
         (Shape(kind="json_scalar"), "JSON scalar"),
         (Shape(kind="ndjson", count=10), "NDJSON, 10 records"),
         (Shape(kind="csv", count=3, keys=("a", "b")), "CSV, 3 rows, 2 columns"),

@@ -358,3 +358,14 @@ def test_records_paths_as_a_model_writes_them(text: str, path: tuple[str, ...]) 
 def test_a_malformed_records_path_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a path"):
         parse_path(text)
+
+
+def test_a_long_string_of_escaped_json_after_the_records_is_skipped_and_named() -> None:
+    inner = json.dumps([{"say": 'a "quoted" \\ word'} for _ in range(40_000)])
+    value = {"items": [{"id": i} for i in range(40_000)], "raw": inner, "next": None}
+    shape = shape_of(json.dumps(value).encode())
+    assert shape.keys == ("items", "raw", "next")
+    assert shape.nested == {"items": "array", "raw": "string", "next": "null"}
+    records = shape.records
+    assert records is not None and records.count is not None
+    assert abs(records.count - 40_000) <= 0.1 * 40_000

@@ -179,6 +179,8 @@ def describe(shape: Shape) -> str:
             whole = ArrayFacts((), shape.count, shape.count_exact, shape.element)
             return f"JSON array of {_counted(whole)}"
         case "json_object":
+            if len(shape.keys) == 1 and shape.count_exact:
+                return "JSON object with 1 key"
             return f"JSON object with {len(shape.keys)}{'' if shape.count_exact else '+'} keys"
         case "json_scalar":
             return "JSON scalar"

@@ -35,7 +35,7 @@ records (ids, short names) give four times the events per byte of typical API re
 _OBJECT_BUF_BYTES = 16 * 1024
 """ijson's read size for objects: positions are known to within it, so small reads make
 the extrapolated counts closer."""
-_TAIL_MAX_QUOTES = 4096
+_TAIL_QUICK_QUOTES = 64
 _LONG_STRING = 1024
 """A string longer than this counts against the tail's budget as this long: skipping it
 costs a few rfind calls whatever its length."""
@@ -499,10 +499,9 @@ def _read_back(stack: list[_Back], kind: str, value: _Back | None) -> tuple[str,
 
 
 def _string_start(data: bytes, close: int, floor: int) -> int:
-    """Where the string that closes at `close` opens; -1 if not after floor (or too many
-    escaped quotes to look through)."""
+    """Where the string that closes at `close` opens; -1 if not after floor."""
     end = close
-    for _ in range(_TAIL_MAX_QUOTES):
+    for _ in range(_TAIL_QUICK_QUOTES):
         quote = data.rfind(b'"', floor, end)
         if quote < 0:
             return -1
@@ -512,7 +511,13 @@ def _string_start(data: bytes, close: int, floor: int) -> int:
         if (quote - slashes) % 2 == 0:
             return quote
         end = quote
-    return -1
+    # A string full of escaped quotes (JSON inside a string): one search of the bytes
+    # reversed, where an unescaped quote is one followed by an even run of backslashes.
+    found = _UNESCAPED_QUOTE_REVERSED.search(data[floor:end][::-1])
+    return -1 if found is None else end - 1 - found.start()
+
+
+_UNESCAPED_QUOTE_REVERSED = re.compile(rb'"(?:\\\\)*(?!\\)')
 
 
 def _decoded(raw: bytes) -> str:
