@@ -47,10 +47,13 @@ def test_inspector_lists_calls_and_reads_back_through_the_proxy(
     # The Inspector's SDK client validates structuredContent against the outputSchema.
     call = ["--method", "tools/call", "--tool-name", "read_text_file"]
     result = inspector(npm_servers, home, server, *call, "--tool-arg", f"path={big}")
-    [block] = result["content"]
+    block, link = result["content"]
     notice = parse_notice(block["text"])
     assert notice is not None, block["text"]
     assert result["structuredContent"] == {"content": block["text"]}
+    assert (
+        link["type"] == "resource_link" and link["uri"] == "spillbox://inspected/read_text_file_1"
+    )
     assert Path(notice["path"]).read_text() == big.read_text()
 
     tool, _, hint = notice["hint"].splitlines()[-1].partition(" ")
@@ -59,3 +62,8 @@ def test_inspector_lists_calls_and_reads_back_through_the_proxy(
     read = ["--method", "tools/call", "--tool-name", tool, "--tool-arg", *arguments]
     page = json.loads(inspector(npm_servers, home, server, *read)["content"][0]["text"])
     assert page["items"][0] == {"id": 0, "name": "user 0"} and page["has_more"] is True
+
+    read = ["--method", "resources/read", "--uri", link["uri"]]
+    [contents] = inspector(npm_servers, home, server, *read)["contents"]
+    first = json.loads(contents["text"])
+    assert first["items"] == page["items"] and first["next_uri"].startswith(link["uri"] + "?")

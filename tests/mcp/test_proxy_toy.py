@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp.shared.exceptions import MCPError
 from mcp_client import connect, memory_kb, proxy_params, proxy_pid, toy_server
 
 from spillbox import parse_notice
@@ -127,3 +129,29 @@ async def test_a_100_mb_result_is_offloaded_with_the_proxys_memory_bounded(home:
     assert notice is not None and notice["bytes"] == str(size), text_of(result)
     assert (await anyio.Path(notice["path"]).stat()).st_size == size
     assert peak - before < MEMORY_RATIO_MAX * size, (before, peak)
+
+
+async def test_an_offloaded_result_links_its_payload_and_resources_read_pages_it(
+    home: Path,
+) -> None:
+    async with connect(proxy_params(home, toy_server(), "--task", "linked")) as session:
+        result = await session.call_tool("blob", {"size": 100_000})
+        [link] = [b for b in result.content if isinstance(b, types.ResourceLink)]
+        listed = await session.list_resources()
+        pages: list[dict[str, Any]] = []
+        uri: str | None = str(link.uri)
+        while uri is not None:
+            [contents] = (await session.read_resource(uri)).contents
+            assert isinstance(contents, types.TextResourceContents)
+            pages.append(json.loads(contents.text))
+            uri = pages[-1]["next_uri"]
+        with pytest.raises(MCPError, match="task other"):
+            await session.read_resource("spillbox://other/blob_1")
+    notice = parse_notice(text_of(result))
+    assert notice is not None
+    assert link.uri == "spillbox://linked/blob_1" and link.size == 100_000
+    assert link.mime_type == "text/plain"
+    assert [str(r.uri) for r in listed.resources] == [link.uri]
+    assert len(pages) > 1  # each page under the per-call limit
+    stored = await anyio.Path(notice["path"]).read_text()
+    assert "".join(page["text"] for page in pages) == stored

@@ -17,7 +17,7 @@ import anyio.to_thread
 import mcp_types as types
 
 from spillbox.protocols import TaskHandle
-from spillbox.tools import SANDBOX_EXEC, Toolset, canonical
+from spillbox.tools import READ_ARTIFACT, SANDBOX_EXEC, ToolOutput, Toolset, canonical
 from spillbox.types import ToolResult
 
 _READ_ONLY = types.ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -48,6 +48,12 @@ class LocalTools:
         """Run one of the tools (in a worker thread: code mode blocks) for the gate."""
         output = await anyio.to_thread.run_sync(self.toolset.call, name, dict(arguments or {}))
         return ToolResult(call_id, name, output.text, output.is_error, output.offloadable)
+
+    def read_page(self, artifact_id: str, cursor: str | None) -> ToolOutput:
+        """One page of an artifact, as read_artifact returns it (blocks: run it in a thread)."""
+        [name] = [name for name in self.names if canonical(name) == READ_ARTIFACT]
+        arguments = {"path": None, "artifact_id": artifact_id, "cursor": cursor, "records": None}
+        return self.toolset.call(name, arguments)
 
 
 def as_call_result(result: ToolResult) -> types.CallToolResult:

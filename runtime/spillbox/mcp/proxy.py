@@ -14,6 +14,7 @@ tools/call results pass the gate, the calls that overlap in time as one step
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 from pydantic import BaseModel, ValidationError
 
+from spillbox.mcp.links import artifact_uri, parse_uri, resource, resource_link
 from spillbox.mcp.local import LocalTools, as_call_result
 from spillbox.mcp.results import gated, tool_result
 from spillbox.mcp.step import STEP_BOUND_SECONDS, Steps
@@ -58,9 +60,7 @@ Ctx = ServerRequestContext[Any, Any]
 
 # Requests passed to the upstream as they are, with the result each expects.
 _FORWARDED: tuple[tuple[type[Any], type[BaseModel]], ...] = (
-    (types.ListResourcesRequest, types.ListResourcesResult),
     (types.ListResourceTemplatesRequest, types.ListResourceTemplatesResult),
-    (types.ReadResourceRequest, types.ReadResourceResult),
     (types.SubscribeRequest, types.EmptyResult),
     (types.UnsubscribeRequest, types.EmptyResult),
     (types.ListPromptsRequest, types.ListPromptsResult),
@@ -102,6 +102,13 @@ class Proxy:
             "spillbox", on_list_tools=self._list_tools, on_call_tool=self._call_tool
         )
         server.middleware.append(self._handshake)
+        # Offloaded payloads are resources (spillbox.mcp.links), whatever the upstream.
+        server.add_request_handler(
+            "resources/list", types.PaginatedRequestParams, self._list_resources
+        )
+        server.add_request_handler(
+            "resources/read", types.ReadResourceRequestParams, self._read_resource
+        )
         if self.upstream is not None:
             for request, result in _FORWARDED:
                 method = request.model_fields["method"].default
@@ -160,7 +167,11 @@ class Proxy:
         requested = params.protocol_version
         # Task-augmented calls (tasks/*) are not passed through: they would skip the gate.
         capabilities = upstream.capabilities.model_copy(
-            update={"tools": types.ToolsCapability(list_changed=True), "tasks": None}
+            update={
+                "tools": types.ToolsCapability(list_changed=True),
+                "tasks": None,
+                "resources": upstream.capabilities.resources or types.ResourcesCapability(),
+            }
         )
         return types.InitializeResult(
             protocol_version=requested
@@ -218,7 +229,55 @@ class Proxy:
 
         admitted = await self.steps.run(run)
         tool = self.upstream_tools.get(name) if name not in self.local.names else None
-        return gated(original, admitted, tool.output_schema if tool is not None else None)
+        link = resource_link(self.task.id, admitted.artifact) if admitted.artifact else None
+        return gated(original, admitted, tool.output_schema if tool is not None else None, link)
+
+    async def _list_resources(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        """The upstream's resources where it has any, else the task's stored payloads."""
+        if self._upstream_has_resources():
+            assert self.upstream is not None
+            request = types.ListResourcesRequest(params=params)
+            return await self.upstream.request(request, types.ListResourcesResult)
+        rows = await anyio.to_thread.run_sync(self.task.artifacts)
+        return types.ListResourcesResult(resources=[resource(row) for row in rows])
+
+    async def _read_resource(
+        self, ctx: Ctx, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        """A page of a stored payload; any other URI is the upstream's."""
+        parsed = parse_uri(str(params.uri))
+        if parsed is None:
+            if self.upstream is None:
+                raise MCPError(types.INVALID_PARAMS, f"unknown resource {params.uri}")
+            request = types.ReadResourceRequest(params=params)
+            return await self.upstream.request(request, types.ReadResourceResult, _progress(ctx))
+        task_id, artifact_id, cursor = parsed
+        if task_id != self.task.id:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"{params.uri} is a payload of task {task_id}; this connection serves task "
+                f"{self.task.id} (spillbox mcp serve --task {task_id} reads it)",
+            )
+        output = await anyio.to_thread.run_sync(self.local.read_page, artifact_id, cursor)
+        if output.is_error:
+            raise MCPError(types.INVALID_PARAMS, output.text)
+        page = json.loads(output.text)
+        page["next_uri"] = (
+            artifact_uri(task_id, artifact_id, page["next_cursor"]) if page["next_cursor"] else None
+        )
+        text = json.dumps(page, ensure_ascii=False)
+        contents = types.TextResourceContents(
+            uri=params.uri, mime_type="application/json", text=text
+        )
+        return types.ReadResourceResult(contents=[contents])
+
+    def _upstream_has_resources(self) -> bool:
+        if self.upstream is None or self.upstream.exited.is_set():
+            return False
+        started = self.upstream.session.initialize_result if self.upstream.session else None
+        return started is not None and started.capabilities.resources is not None
 
     async def _upstream_call(
         self, ctx: Ctx, params: types.CallToolRequestParams

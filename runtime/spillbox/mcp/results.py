@@ -12,7 +12,8 @@ client gets back.
 - Images, audio, resource links and embedded resources pass through untouched and do not
   count: a model's cost for them is not text tokens.
 - A result that stays inline is returned exactly as the server sent it. An offloaded (or
-  withheld) one keeps its non-text blocks, _meta and isError; its text becomes the notice,
+  withheld) one keeps its non-text blocks, _meta and isError; its text becomes the notice
+  (an offloaded one's followed by a resource_link to the payload, spillbox.mcp.links),
   and its structuredContent becomes a value carrying the notice that the tool's
   outputSchema accepts (see spillbox.mcp.conform), or goes when the tool declares none.
 """
@@ -86,8 +87,10 @@ def gated(
     result: types.CallToolResult,
     admitted: Admitted,
     output_schema: Mapping[str, Any] | None,
+    link: types.ResourceLink | None = None,
 ) -> types.CallToolResult:
-    """The result the client gets: the server's own, or the notice in its place."""
+    """The result the client gets: the server's own, or the notice in its place (followed
+    by link, to the stored payload, if given)."""
     if not admitted.offloaded and admitted.reason != "withheld":
         return result
     text = admitted.text
@@ -99,7 +102,7 @@ def gated(
             text, is_error = NO_CONFORMING_VALUE + text, True
     others = [block for block in result.content if not isinstance(block, types.TextContent)]
     return types.CallToolResult(
-        content=[types.TextContent(text=text), *others],
+        content=[types.TextContent(text=text), *([link] if link else []), *others],
         structured_content=structured,
         is_error=is_error,
         _meta=result.meta,

@@ -1,0 +1,65 @@
+"""Offloaded payloads as MCP resources: an offloaded result carries a resource_link to its
+payload, and resources/read serves it a page at a time, as read_artifact pages it.
+
+    link = resource_link("t1", artifact)      # uri spillbox://t1/git_log_1
+    parse_uri("spillbox://t1/git_log_1?cursor=c")   # ("t1", "git_log_1", "c")
+
+A read returns one page (under the per-call limit, like any read_artifact page) as
+application/json: read_artifact's result, with `next_uri`, the URI of the next page (the
+same URI with the page's cursor; null on the last page).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+import mcp_types as types
+
+from spillbox.types import Artifact, ArtifactRow
+
+SCHEME = "spillbox"
+MIME_TYPES = {
+    "json": "application/json",
+    "json_scalar": "application/json",
+    "ndjson": "application/x-ndjson",
+    "csv": "text/csv",
+    "text": "text/plain",
+    "binary": "application/octet-stream",
+}
+"""The mimeType a link states for a payload of each shape kind."""
+
+
+def artifact_uri(task_id: str, artifact_id: str, cursor: str | None = None) -> str:
+    uri = f"{SCHEME}://{quote(task_id, safe='')}/{quote(artifact_id, safe='')}"
+    return f"{uri}?{urlencode({'cursor': cursor})}" if cursor else uri
+
+
+def parse_uri(uri: str) -> tuple[str, str, str | None] | None:
+    """(task id, artifact id, cursor) of a spillbox URI; None for any other URI."""
+    parts = urlsplit(uri)
+    if parts.scheme != SCHEME:
+        return None
+    cursor = parse_qs(parts.query).get("cursor", [None])[0]
+    return unquote(parts.netloc), unquote(parts.path.lstrip("/")), cursor
+
+
+def resource_link(task_id: str, artifact: Artifact) -> types.ResourceLink:
+    return types.ResourceLink(
+        uri=artifact_uri(task_id, artifact.id),
+        name=artifact.name,
+        description=f"The stored result of {artifact.tool} ({artifact.call_id}); "
+        "resources/read returns it a page at a time.",
+        mime_type=MIME_TYPES.get(artifact.shape.kind),
+        size=artifact.bytes,
+    )
+
+
+def resource(row: ArtifactRow) -> types.Resource:
+    """An artifact as resources/list shows it."""
+    return types.Resource(
+        uri=artifact_uri(row.task_id, row.artifact_id),
+        name=row.name,
+        description=f"The stored result of {row.tool} ({row.call_id}).",
+        mime_type=MIME_TYPES.get(row.kind or ""),
+        size=row.bytes,
+    )
