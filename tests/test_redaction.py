@@ -178,6 +178,34 @@ def test_the_access_log_records_counts_per_kind_and_never_a_secret(harness: Harn
         assert secret not in everything
 
 
+def test_a_result_small_enough_to_stay_inline_reaches_the_model_redacted(
+    harness: Harness,
+) -> None:
+    """The gate keeps a small result in context: it is redacted before, not only what is
+    stored, and the access log says so (with its call id, as it has no artifact)."""
+    task = harness.task("t1", retention=Retention(redact=True))
+    small = json.dumps(_ten_secrets(0))
+    big = json.dumps([_ten_secrets(i) for i in range(60)])
+    inline, offloaded = task.admit(
+        [
+            ToolResult(call_id="small", tool="t", content=small),
+            ToolResult(call_id="big", tool="t", content=big),
+        ]
+    )
+    assert not inline.offloaded and offloaded.offloaded
+    assert json.loads(inline.text)["password"] == "[REDACTED:password]"
+    for secret in [*SECRET_VALUES, "S3cr3tPass", "hunter2"]:
+        assert secret not in inline.text and secret not in offloaded.text
+    entries = [e for e in harness.catalog.audit("t1") if e.action == "redact"]
+    by_call = {json.loads(e.detail).get("call_id", e.artifact_id): e for e in entries}
+    assert set(by_call) == {"small", "big"}
+    assert by_call["small"].artifact_id is None
+    assert json.loads(by_call["small"].detail)["replaced"] == 10
+    assert json.loads(by_call["big"].detail)["replaced"] == 600  # counted where it was done
+    assert offloaded.artifact is not None
+    assert b"S3cr3tPass" not in offloaded.artifact.host_path.read_bytes()
+
+
 def test_without_redaction_nothing_is_logged_as_redacted(harness: Harness) -> None:
     task = harness.task("t1")
     task.admit([ToolResult(call_id="c1", tool="t", content=json.dumps([_ten_secrets(0)] * 60))])

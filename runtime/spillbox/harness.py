@@ -27,6 +27,7 @@ from spillbox.errors import ConfigError, RetentionError
 from spillbox.gate import Offload, admit
 from spillbox.notice import Hint
 from spillbox.offload import Destination, offload
+from spillbox.redaction import Redaction, redact_payload
 from spillbox.retention import Retention, close_deadline, expiry_after_access, policy_for
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import (
@@ -236,6 +237,8 @@ class Task(_ClosedOnExit):
         self.retention = policy_for(catalog.task(task_id), retention, harness.settings.retention)
         self.storage: TaskStorage = harness.backend.storage(task_id)
         self._lock = threading.Lock()
+        self._redactions: dict[int, Redaction] = {}
+        """What admit redacted in the step being gated, by result identity (under _lock)."""
         self.tools: frozenset[str] = frozenset()
         """spillbox's model-facing tools offered to the model: the notices' hints name them."""
         self._destination = Destination(
@@ -264,9 +267,27 @@ class Task(_ClosedOnExit):
         self.tools = frozenset(names)
 
     def admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
-        """Gate one step's results (parallel calls count as one aggregate)."""
+        """Gate one step's results (parallel calls count as one aggregate).
+
+        Under a redacting policy every text result is redacted first, so a secret reaches
+        neither the sandbox nor the model, inline or offloaded; the access log records each
+        redaction (counts per kind, never a secret).
+        """
+        redacted: dict[int, Redaction] = {}
+        if self.retention.redact:
+            results = [self._redacted(result, redacted) for result in results]
         with self._lock:
-            decisions = admit(results, self.policy, self.counter, self._offload)
+            self._redactions = redacted
+            try:
+                decisions = admit(results, self.policy, self.counter, self._offload)
+            finally:
+                self._redactions = {}
+        for d in decisions:
+            found = redacted.get(id(d.result))
+            if d.artifact is None and found is not None and found.count:
+                self.harness.catalog.log(
+                    self.id, None, "redact", d.result.tool, found.audit_detail(d.result.call_id)
+                )
         # Start the sandbox only now, while the model reads this step: a container start
         # competing for the cores would slow this step's offloads several times over.
         self.harness.backend.warm(self.storage)
@@ -430,7 +451,20 @@ class Task(_ClosedOnExit):
                 self.harness.catalog.close_task(self.id, deadline)
 
     def _offload(self, request: Offload) -> tuple[Artifact, str, int]:
-        return offload(self._destination, request)
+        return offload(self._destination, request, self._redactions.get(id(request.result)))
+
+    @staticmethod
+    def _redacted(result: ToolResult, redacted: dict[int, Redaction]) -> ToolResult:
+        """The result with its secrets replaced (as it was, if it is not text or has none);
+        what was replaced is kept in `redacted`, by the returned result's identity."""
+        data, text = result.payload()
+        if text is None:
+            return result
+        redaction = redact_payload(data)
+        if redaction.count:
+            result = replace(result, content=redaction.data.decode("utf-8"))
+        redacted[id(result)] = redaction
+        return result
 
     def _hints(self, artifact: Artifact) -> list[Hint]:
         return tool_hints(codemode.hints(artifact, self.languages), artifact, self.tools)

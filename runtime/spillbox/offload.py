@@ -48,21 +48,28 @@ class Destination:
     """Deletes an artifact everywhere (payload, derived copies): what a quota evicts."""
 
 
-def offload(dest: Destination, request: Offload) -> tuple[Artifact, str, int]:
+def offload(
+    dest: Destination, request: Offload, redacted: Redaction | None = None
+) -> tuple[Artifact, str, int]:
     """Store one result byte for byte (redacted first if the policy says so) and return
-    its artifact, its notice and the notice's tokens."""
+    its artifact, its notice and the notice's tokens.
+
+    redacted: what redaction already replaced in this result (Task.admit redacts a step's
+    results before the gate); None to redact here, as the policy says.
+    """
     result, data, text = request.result, request.data, request.text
-    redaction: Redaction | None = None
-    if dest.retention.redact and text is not None:
-        # Everything after this point (stored bytes, shape, keys, previews, hints, token
-        # count) comes from the redacted payload: nothing the notice shows is unredacted.
-        redaction = redact_payload(data)
-        if redaction.count:
-            data = redaction.data
-            text = data.decode("utf-8")
-            request = replace(request, tokens=total(dest.counter, text))
-    elif dest.retention.redact:
-        redaction = Redaction(data, scanned=False)  # binary: no text to scan, logged so
+    redaction = redacted
+    if redaction is None and dest.retention.redact:
+        if text is None:
+            redaction = Redaction(data, scanned=False)  # binary: no text to scan, logged so
+        else:
+            # Everything after this point (stored bytes, shape, keys, previews, hints,
+            # token count) comes from the redacted payload: the notice shows no secret.
+            redaction = redact_payload(data)
+            if redaction.count:
+                data = redaction.data
+                text = data.decode("utf-8")
+                request = replace(request, tokens=total(dest.counter, text))
     redactions = redaction.count if redaction else 0
     shape = profile(data, text)
     # The host writes the payload into the task's storage, never through the sandbox.

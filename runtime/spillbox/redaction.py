@@ -148,8 +148,9 @@ class Redaction:
     def count(self) -> int:
         return sum(self.counts.values())
 
-    def audit_detail(self) -> str:
-        """The access log's record of it: replacements per kind, never a secret.
+    def audit_detail(self, call_id: str | None = None) -> str:
+        """The access log's record of it: replacements per kind, never a secret (and the
+        call it was in, for a result that stayed in context and so has no artifact).
 
         >>> Redaction(b"", {"github_pat": 2}).audit_detail()
         '{"replaced": 2, "kinds": {"github_pat": 2}}'
@@ -158,6 +159,8 @@ class Redaction:
             "replaced": self.count,
             "kinds": dict(sorted(self.counts.items())),
         }
+        if call_id is not None:
+            record["call_id"] = call_id
         if not self.scanned:
             record["scanned"] = "no: binary payload"
         return json.dumps(record)
