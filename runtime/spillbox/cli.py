@@ -170,14 +170,15 @@ def _parser() -> argparse.ArgumentParser:
         help="how long a finished result waits for the other calls of its step (default 2)",
     )
     _retention_flags(proxy)
-    proxy.add_argument("command", nargs="+", metavar="COMMAND", help="the server to run")
+    proxy.add_argument("--url", help="a server that speaks streamable HTTP, in place of COMMAND")
+    proxy.add_argument("command", nargs="*", metavar="COMMAND", help="the server to run (or --url)")
     proxy.set_defaults(func=_mcp)
     serve = mcp_commands.add_parser(
         "serve", parents=[common], help="spillbox's tools alone, over a task's payloads"
     )
     serve.add_argument("--task", required=True)
     _retention_flags(serve)
-    serve.set_defaults(func=_mcp, command=None, upstream_timeout=None, step_bound=None)
+    serve.set_defaults(func=_mcp, command=None, url=None, upstream_timeout=None, step_bound=None)
 
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
@@ -423,6 +424,11 @@ def _call(args: argparse.Namespace) -> int:
 def _mcp(args: argparse.Namespace) -> int:
     from spillbox.mcp import DEFAULT_UPSTREAM_TIMEOUT_SECONDS, STEP_BOUND_SECONDS, new_task_id, run
 
+    if args.command is not None and bool(args.command) == bool(args.url):  # proxy
+        raise ConfigError(
+            "give the server to run after --, or --url for one that speaks streamable HTTP "
+            "(one of the two)"
+        )
     args.task = args.task or new_task_id()
     # A long-lived server: garbage collection runs in the background, as in a harness.
     with Harness(sandbox=args.sandbox, home=args.home) as harness, _task(args, harness) as task:
@@ -432,6 +438,7 @@ def _mcp(args: argparse.Namespace) -> int:
             args.command,
             timeout=DEFAULT_UPSTREAM_TIMEOUT_SECONDS if timeout is None else timeout or None,
             bound=STEP_BOUND_SECONDS if args.step_bound is None else args.step_bound,
+            url=args.url,
         )
     return 0
 

@@ -2,6 +2,7 @@
 spillbox's own tools as an MCP server.
 
     spillbox mcp proxy --task gh -- npx -y @modelcontextprotocol/server-github
+    spillbox mcp proxy --task web --url http://127.0.0.1:3001/mcp
     spillbox mcp serve --task gh
 
     from spillbox.mcp import run
@@ -35,12 +36,14 @@ def run(
     *,
     timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     bound: float = STEP_BOUND_SECONDS,
+    url: str | None = None,
 ) -> None:
-    """Serve MCP on stdin/stdout: in front of command's server, or spillbox's tools alone.
+    """Serve MCP on stdin/stdout: in front of command's server (or the server at url, over
+    streamable HTTP), or spillbox's tools alone.
 
     timeout: seconds an upstream request may go without its answer or progress (None: no
     limit); bound: how long a finished result waits for the other calls of its step."""
-    anyio.run(partial(serve_stdio, task, command, bound, timeout))
+    anyio.run(partial(serve_stdio, task, command, bound, timeout, url))
 
 
 def new_task_id() -> str:

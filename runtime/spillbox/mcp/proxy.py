@@ -2,6 +2,7 @@
 with spillbox's tools alone (`spillbox mcp serve`).
 
     proxy = Proxy(task, ["npx", "@modelcontextprotocol/server-filesystem", "/data"], group)
+    proxy = Proxy(task, None, group, url="http://127.0.0.1:3001/mcp")   # streamable HTTP
     await proxy.server.run(read, write, proxy.options())
 
 Everything but tools/call passes through to the upstream as it came (initialize and its
@@ -80,12 +81,15 @@ class Proxy:
         group: anyio.abc.TaskGroup,
         bound: float = STEP_BOUND_SECONDS,
         timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+        url: str | None = None,
     ) -> None:
         self.task = task
         self.group = group
         self.client = Client()
         self.upstream = (
-            Upstream(command, self.client, self._from_upstream, timeout) if command else None
+            Upstream(command or None, self.client, self._from_upstream, timeout, url)
+            if command or url
+            else None
         )
         self.upstream_tools: dict[str, types.Tool] = {}
         self.local = LocalTools(task)
@@ -344,10 +348,11 @@ async def serve_stdio(
     command: Sequence[str] | None,
     bound: float = STEP_BOUND_SECONDS,
     upstream_timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+    url: str | None = None,
 ) -> None:
     """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
     async with anyio.create_task_group() as group:
-        proxy = Proxy(task, command, group, bound, upstream_timeout)
+        proxy = Proxy(task, command, group, bound, upstream_timeout, url)
         group.start_soon(proxy.watch)
         async with stdio() as (read, write):
             await proxy.server.run(read, write, proxy.options())

@@ -1,5 +1,6 @@
-"""The real MCP server behind the proxy: a subprocess, reached through the SDK's stdio
-client and ClientSession.
+"""The real MCP server behind the proxy: a subprocess spoken to over stdio
+(spillbox.mcp.transport), or a server at a URL over the SDK's streamable HTTP client; then
+the SDK's ClientSession.
 
     upstream = Upstream(["npx", "server-everything"], client, on_notification)
     result = await upstream.start(task_group, client_params)   # its InitializeResult
@@ -25,6 +26,7 @@ import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.client._transport import ReadStream
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
@@ -61,16 +63,21 @@ class Client:
 
 
 class Upstream:
-    """One upstream MCP server run as a subprocess."""
+    """One upstream MCP server: a subprocess spoken to over stdio (command), or a server
+    that speaks streamable HTTP at url."""
 
     def __init__(
         self,
-        command: Sequence[str],
+        command: Sequence[str] | None,
         client: Client,
         on_notification: Callable[[types.ServerNotification], Awaitable[None]],
         timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+        url: str | None = None,
     ) -> None:
-        self.command = list(command)
+        if (command is None) == (url is None):
+            raise ValueError("an upstream is a command or a URL, one of the two")
+        self.command = list(command or ())
+        self.url = url
         self.timeout = timeout
         """Seconds without an answer or progress before a request is cancelled; None: no limit."""
         self.client = client
@@ -80,6 +87,8 @@ class Upstream:
 
     @property
     def gone(self) -> str:
+        if self.url is not None:
+            return f"the upstream MCP server at {self.url} has closed the connection"
         return f"the upstream MCP server ({' '.join(self.command)}) has exited"
 
     async def start(
@@ -136,7 +145,13 @@ class Upstream:
     ) -> None:
         # The server gets the proxy's whole environment: a client configuration's "env"
         # (tokens, settings) is given to spillbox and meant for the server.
-        streams = upstream_stdio(self.command, os.environ)
+        streams = (
+            # No cap on one SSE event's size (the SDK's default is 1 MB): a large result
+            # is what spillbox is there for.
+            streamable_http_client(self.url, max_sse_event_size=None)
+            if self.url is not None
+            else upstream_stdio(self.command, os.environ)
+        )
         async with streams as (read, write), anyio.create_task_group() as group:
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             group.start_soon(_until_eof, read, send, self.exited)
