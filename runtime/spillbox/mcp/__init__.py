@@ -8,10 +8,12 @@ spillbox's own tools as an MCP server.
     from spillbox.mcp import run
     run(task, ["mcp-server-git", "--repository", "."])   # serves stdin/stdout until EOF
 
-Modules: proxy (the server and what passes through), upstream (the real server as a
-subprocess), step (overlapping calls as one step), results (a CallToolResult through the
-gate), conform (structuredContent an outputSchema accepts), local (spillbox's tools as MCP
-tools), transport (stdio, answering malformed lines).
+Modules: proxy (the server and what passes through), upstream (the real server: a
+subprocess, or a URL over streamable HTTP), step (overlapping calls as one step), results
+(a CallToolResult through the gate), conform (structuredContent an outputSchema accepts),
+links (stored payloads as resources: resource_link, resources/read), local (spillbox's
+tools as MCP tools), transport (stdio: the client's, answering malformed lines, and the
+upstream's, read in linear time).
 """
 
 from __future__ import annotations
