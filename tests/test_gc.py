@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -90,7 +91,7 @@ def test_dry_run_lists_everything_and_removes_nothing(harness: Harness, clock: C
     assert [r.artifact_id for r in task.artifacts()] == ["c1"]
     assert spillbox_gc.collect(harness, dry_run=True, grace=0) == would
     assert kinds(spillbox_gc.collect(harness, grace=0)) == kinds(would)
-    assert files_under(home) == ["tasks/t1/open.lock", "tasks/t1/task-id"]
+    assert files_under(home) == ["tasks/t1/task-id"]
     assert spillbox_gc.collect(harness, grace=0) == [], "a second run finds nothing"
     assert spillbox_gc.collect(harness, dry_run=True, grace=0) == []
 
@@ -169,9 +170,7 @@ def test_two_collectors_in_threads_remove_each_thing_once(home: Path, clock: Clo
         for t in range(3):
             assert harness.catalog.artifacts(f"t{t}") == []
             assert list(harness.task(f"t{t}").storage.offload.iterdir()) == []
-    assert files_under(home) == [
-        f"tasks/t{t}/{name}" for t in range(3) for name in ("open.lock", "task-id")
-    ]
+    assert files_under(home) == [f"tasks/t{t}/task-id" for t in range(3)]
 
 
 def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
@@ -203,9 +202,7 @@ def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
     with make_harness(home) as harness:
         assert all(harness.catalog.artifacts(f"t{t}") == [] for t in range(4))
         assert harness.gc() == []
-    assert files_under(home) == [
-        f"tasks/t{t}/{name}" for t in range(4) for name in ("open.lock", "task-id")
-    ]
+    assert files_under(home) == [f"tasks/t{t}/task-id" for t in range(4)]
 
 
 def test_gc_runs_when_a_harness_starts(home: Path, clock: Clock) -> None:
@@ -242,3 +239,42 @@ def test_a_pinned_artifact_of_a_task_past_keep_after_close_is_kept_and_gc_stays_
     assert [r.artifact_id for r in task.artifacts()] == ["c2"]
     assert task.read("c2") == payload("c2").encode()
     assert harness.gc() == [], "a task held by a pin is not removed again on every run"
+
+
+def test_a_task_reopened_while_collection_deletes_it_gets_whole_storage(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen with the MCP proxy: one process closed a task with no artifacts (due for
+    deletion), the next opened it while its collector deleted it, and got a folder without
+    offload/. The opener now waits for the deletion, then makes the folders afresh."""
+    with make_harness(home) as harness:
+        harness.task("t1").close()  # no artifacts: due for deletion ("expired")
+        real_rmtree = shutil.rmtree
+        deleting = threading.Event()
+
+        def slow_rmtree(path: object, *args: object, **kwargs: object) -> None:
+            # rmtree's order, as it happened: the folder's lock (where the open lock lived
+            # before) went first, the rest was listed then and deleted after a pause.
+            root = Path(str(path))
+            lock = root / "open.lock"
+            if lock.exists():
+                lock.unlink()
+            listed = list(root.iterdir())
+            deleting.set()
+            time.sleep(0.5)  # the opener runs now
+            for child in listed:
+                real_rmtree(child) if child.is_dir() else child.unlink()
+            root.rmdir()  # as rmtree does: fails if anything appeared meanwhile
+
+        monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
+        collector = threading.Thread(target=harness.gc)
+        collector.start()
+        assert deleting.wait(10)
+        task = harness.task("t1")
+        collector.join()
+        monkeypatch.undo()
+        [admitted] = task.admit([ToolResult(call_id="c1", tool="t", content=payload("a"))])
+        assert admitted.offloaded
+        assert task.read("c1") == payload("a").encode()
+        assert (task.storage.work).is_dir()
+        task.close(delete=True)

@@ -7,7 +7,9 @@ Layout under the spillbox home:
     tasks/<task>/cache/                     derived copies (query engine tables)
     tasks/<task>/.incoming/                 temp files; linked into offload/ when complete
     tasks/<task>/quota.lock                 held while a quota decision is made and recorded
-    tasks/<task>/open.lock                  held (shared) by every process that has the task open
+    locks/<task>.open                       held (shared) by every process that has the task open;
+                                            outside the task's folder, so deleting the folder
+                                            never deletes the lock that guards it
 
 Any id is safe: names are derived so that no id (long, with slashes, '..', unicode) can
 leave the task's folder or exceed a filename limit.
@@ -63,7 +65,8 @@ def _encode_id(ident: str) -> bytes:
 
 
 QUOTA_LOCK_FILE = "quota.lock"
-OPEN_LOCK_FILE = "open.lock"
+LOCKS_DIR = "locks"
+OPEN_LOCK_SUFFIX = ".open"
 CLOCK_SLACK_SECONDS = 1.0
 """File times come from the kernel's coarse clock, a few ms behind time.time(): a file
 written just after a payload was recorded may carry a time just before it."""
@@ -83,25 +86,23 @@ def exclusive(lock_file: Path) -> Iterator[None]:
 
 
 class OpenHold:
-    """A shared lock on a task's open.lock, held for as long as one Task object has the task
-    open. Every process (and every Task object) holds its own; the kernel lets them go when a
-    process dies, so a crashed worker never keeps a task open."""
+    """A shared lock on a task's open lock, held for as long as a harness has the task open.
+    The kernel lets it go when a process dies, so a crashed worker never keeps a task open.
+
+    The lock is taken before the task's folders are made: a remover holding it exclusively
+    (unless_open) finishes deleting them before an opener makes them again.
+    """
 
     def __init__(self, storage: TaskStorage, prepare: Callable[[], None]) -> None:
-        """prepare makes the task's folders (and may be called again if they vanish)."""
-        lock_file = storage.root / OPEN_LOCK_FILE
-        while True:
-            prepare()
-            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """prepare makes the task's folders, once the lock is held."""
+        fd = _open_lock(storage)
+        try:
             fcntl.flock(fd, fcntl.LOCK_SH)
-            try:
-                if os.stat(lock_file).st_ino == os.fstat(fd).st_ino:
-                    self._fd: int | None = fd
-                    return
-            except FileNotFoundError:
-                pass
-            # The task was deleted while we waited (its folder with it): open it afresh.
+            prepare()
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is not None:
@@ -114,11 +115,7 @@ def unless_open(storage: TaskStorage) -> Iterator[bool]:
     """True while no process has the task open, and none can open it until the block ends;
     False (at once, without waiting) while one has it open. For what removes a task's
     sandbox or storage behind its users' backs: garbage collection, and the last close."""
-    try:
-        fd = os.open(storage.root / OPEN_LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        yield True  # never opened since its storage was made: nobody holds it
-        return
+    fd = _open_lock(storage)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,6 +125,17 @@ def unless_open(storage: TaskStorage) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _open_lock(storage: TaskStorage) -> int:
+    try:
+        storage.open_lock.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(storage.open_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StorageError(
+            f"cannot open the task's lock {storage.open_lock}: {e.strerror}; "
+            "check --home / SPILLBOX_HOME points to a writable folder"
+        ) from e
 
 
 PARALLEL_HASH_BYTES = 1024 * 1024
@@ -209,6 +217,8 @@ class TaskStorage:
         self.work = self.root / WORK_DIR
         self.cache = self.root / CACHE_DIR
         self.incoming = self.root / INCOMING_DIR
+        self.open_lock = home / LOCKS_DIR / f"{safe_name(task_id)}{OPEN_LOCK_SUFFIX}"
+        """Held shared by every harness that has the task open (see OpenHold)."""
 
     def ensure(self) -> None:
         """Create the task's folders; the original task id is kept beside them."""
