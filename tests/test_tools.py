@@ -406,14 +406,25 @@ def test_the_sdk_check_rejects_what_the_sdk_types_reject(fmt: str, change: Any) 
         assert_sdk_shape(definition, SDK_TOOL_TYPES[fmt])
 
 
-def exec_recorder(calls: list[dict[str, Any]]) -> Any:
-    """A stand-in for Task.exec (no Docker here) that records how the tool called it."""
+Recording = tuple[Any, Toolset, list[dict[str, Any]]]
+
+
+@pytest.fixture
+def recording(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recording]:
+    """A task with its tools registered whose exec records how sandbox_exec called it (a
+    stand-in: no Docker here): (task, toolset, calls)."""
+    harness.backend.languages = LANGS
+    calls: list[dict[str, Any]] = []
 
     def exec_(lang: str, code: str, timeout: float = -1, artifact: str | None = None) -> Any:
         calls.append({"lang": lang, "code": code, "timeout": timeout, "artifact": artifact})
         return ExecResult(0, "42\n", "", False, None, False, False)
 
-    return exec_
+    with harness.task("nulls") as task:
+        toolset = Toolset(task)
+        task.register_tools(toolset.names)
+        monkeypatch.setattr(task, "exec", exec_)
+        yield task, toolset, calls
 
 
 # Calls that together leave out every optional argument of every tool at least once.
@@ -433,53 +444,39 @@ CALLS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def test_null_means_not_given_for_every_optional_argument(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    harness.backend.languages = LANGS
-    with harness.task("nulls") as task:
-        toolset = Toolset(task)
-        task.register_tools(toolset.names)
-        offload(task, "c1", big_text())
-        cursor = first_cursor(toolset, "c1")
-        calls: list[dict[str, Any]] = []
-        monkeypatch.setattr(task, "exec", exec_recorder(calls))
-        assert set(CALLS) == set(toolset.names)
-        for name, given in CALLS.items():
-            optional = nullable(SPECS[name])
-            left_out = set().union(*(optional - set(args) for args in given))
-            assert left_out == optional, f"{name}: no call leaves out {optional - left_out}"
-            for args in given:
-                args = {k: cursor if v == "CURSOR" else v for k, v in args.items()}
-                # As strict mode sends them: every argument, null for the ones not given.
-                nulls = {**args, **dict.fromkeys(optional - set(args))}
-                absent, null = toolset.call(name, args), toolset.call(name, nulls)
-                assert not absent.is_error and not null.is_error, (args, null.text)
-                if name == "read_artifact":  # a next_cursor's expiry second may tick
-                    assert without_cursor(null.text) == without_cursor(absent.text)
-                else:
-                    assert null == absent
-        # sandbox_exec ran with the same arguments both ways, defaults where none was given.
-        assert calls[0] == calls[1] == {
-            "lang": "sql", "code": 'SELECT count(*) FROM "c1"', "timeout": DEFAULT_TIMEOUT,
-            "artifact": None,
-        }  # fmt: skip
-        assert calls[2] == calls[3] and calls[2]["timeout"] == 5
-        assert calls[4] == calls[5] and calls[4]["artifact"] == "c1"
+def test_null_means_not_given_for_every_optional_argument(recording: Recording) -> None:
+    task, toolset, calls = recording
+    offload(task, "c1", big_text())
+    cursor = first_cursor(toolset, "c1")
+    assert set(CALLS) == set(toolset.names)
+    for name, given in CALLS.items():
+        optional = nullable(SPECS[name])
+        left_out = set().union(*(optional - set(args) for args in given))
+        assert left_out == optional, f"{name}: no call leaves out {optional - left_out}"
+        for args in given:
+            args = {k: cursor if v == "CURSOR" else v for k, v in args.items()}
+            # As strict mode sends them: every argument, null for the ones not given.
+            nulls = {**args, **dict.fromkeys(optional - set(args))}
+            absent, null = toolset.call(name, args), toolset.call(name, nulls)
+            assert not absent.is_error and not null.is_error, (args, null.text)
+            if name == "read_artifact":  # a next_cursor's expiry second may tick
+                assert without_cursor(null.text) == without_cursor(absent.text)
+            else:
+                assert null == absent
+    # sandbox_exec ran with the same arguments both ways, defaults where none was given.
+    assert calls[0] == calls[1] == {
+        "lang": "sql", "code": 'SELECT count(*) FROM "c1"', "timeout": DEFAULT_TIMEOUT,
+        "artifact": None,
+    }  # fmt: skip
+    assert calls[2] == calls[3] and calls[2]["timeout"] == 5
+    assert calls[4] == calls[5] and calls[4]["artifact"] == "c1"
 
 
-def test_a_required_argument_given_as_null_is_missing(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    harness.backend.languages = LANGS
-    with harness.task("nulls") as task:
-        toolset = Toolset(task)
-        task.register_tools(toolset.names)
-        calls: list[dict[str, Any]] = []
-        monkeypatch.setattr(task, "exec", exec_recorder(calls))
-        output = toolset.call(
-            "sandbox_exec", {"lang": None, "code": "SELECT 1", "artifact": None, "timeout": None}
-        )
+def test_a_required_argument_given_as_null_is_missing(recording: Recording) -> None:
+    _, toolset, calls = recording
+    output = toolset.call(
+        "sandbox_exec", {"lang": None, "code": "SELECT 1", "artifact": None, "timeout": None}
+    )
     assert output.is_error and calls == []
     assert (
         json.loads(output.text)["error"]

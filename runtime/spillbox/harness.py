@@ -186,9 +186,20 @@ class Harness(_ClosedOnExit):
     def _hold(self, storage: TaskStorage) -> None:
         """Hold the task open (one shared lock per harness and task, counted)."""
         with self._holds_lock:
-            hold, count = self._holds.get(storage.task_id) or (None, 0)
-            if hold is None:
-                hold = OpenHold(storage, lambda: self.backend.create(storage))
+            held = self._holds.get(storage.task_id)
+            if held is not None:
+                self._holds[storage.task_id] = (held[0], held[1] + 1)
+                return
+        # Outside _holds_lock: this may wait for a collector deleting this very task, and
+        # opening other tasks meanwhile must not wait with it.
+        hold = OpenHold(storage, lambda: self.backend.create(storage))
+        with self._holds_lock:
+            held = self._holds.get(storage.task_id)
+            if held is not None:  # another thread held it meanwhile: share theirs
+                hold.release()
+                hold, count = held
+            else:
+                count = 0
             self._holds[storage.task_id] = (hold, count + 1)
 
     def _let_go(self, task_id: str) -> None:
