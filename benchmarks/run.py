@@ -16,6 +16,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import budget_bench
 import common
 import gate_bench
 import mcp_bench
@@ -32,6 +33,7 @@ def report(quick: bool) -> str:
     gate = gate_bench.run(quick)
     sandbox = sandbox_bench.run(quick)
     mcp = mcp_bench.run(quick)
+    budget = budget_bench.run(quick)
     load_start, load_end = machine["load average (1 / 5 / 15 min)"], common.load_average()
     cores = machine["cores"]
     kind = "a quick smoke run (smaller inputs, fewer repetitions)" if quick else "a full run"
@@ -58,7 +60,7 @@ def report(quick: bool) -> str:
             "python benchmarks/run.py          # the same, with spillbox installed",
             "python benchmarks/run.py --quick  # a smoke run: prints, leaves this file alone",
             "python benchmarks/gate_bench.py   # one bench alone (also sandbox_bench.py,",
-            "                                  # mcp_bench.py)",
+            "                                  # mcp_bench.py, budget_bench.py)",
             "```",
             "",
             "## Gate: decide and store against a full count",
@@ -81,10 +83,20 @@ def report(quick: bool) -> str:
             "",
             mcp_bench.markdown(mcp),
             "",
+            "## Budget: a check after one new message",
+            "",
+            "Budget.check of a long Chat Completions conversation, first whole, then after "
+            "one new message (the counts of every other text remembered by content).",
+            "",
+            budget_bench.markdown(budget),
+            "",
             "## Targets",
             "",
             common.targets_markdown(
-                gate_bench.targets(gate) + sandbox_bench.targets(sandbox) + mcp_bench.targets(mcp)
+                gate_bench.targets(gate)
+                + sandbox_bench.targets(sandbox)
+                + mcp_bench.targets(mcp)
+                + budget_bench.targets(budget)
             ),
             "",
             f"Measured under a load average of {load_start} (start) and {load_end} (end) on "

@@ -1,0 +1,678 @@
+"""Token budgets per route: a plan for the model's window, checked before every call.
+
+A request is counted by route (system prompt, tool definitions, history, tool results,
+retrieved content), in the tokens of the model it goes to, and each route is held to its
+limit. Over a soft limit the check asks a compactor to make room; over a hard limit after
+that it raises BudgetExceeded. Nothing is ever cut silently.
+
+    budget = Budget(window=32_000)
+    report = budget.check({"messages": messages, "tools": tools}, provider="chat_completions")
+    print(report)   # use and limit per route, headroom
+
+Counting is incremental: each text is counted once and remembered by its content, so a
+check after one new message costs time proportional to that message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, get_args
+
+from spillbox.errors import ConfigError, SpillboxError
+from spillbox.tokens import TokenCounter, default_counter
+
+Provider = Literal["chat_completions", "responses", "anthropic"]
+PROVIDERS: tuple[str, ...] = get_args(Provider)
+
+KINDS = ("system", "tools", "history", "tool_results", "retrieved")
+"""What a request's parts are, before they are routed: the default routes bear these names."""
+OUTPUT = "output"
+"""The route that reserves room for the reply; nothing in a request counts against it."""
+COMPACTABLE = ("history", "tool_results", "retrieved")
+"""Kinds a compactor can shrink: the system prompt and the tool definitions stay as given."""
+
+DEFAULT_ROUTE_SHARES = {
+    "system": 0.10,
+    "tools": 0.10,
+    "history": 0.30,
+    "tool_results": 0.30,
+    "retrieved": 0.05,
+}
+"""The default routes' limits as shares of the window; output takes the rest (15%)."""
+DEFAULT_OUTPUT_SHARE = 0.15
+DEFAULT_SOFT_SHARE = 0.8
+"""A route's soft limit, where compaction starts, as a share of its hard limit."""
+
+MESSAGE_OVERHEAD_TOKENS = 4
+"""Tokens a message costs beyond its content (role and separators), as OpenAI counts them."""
+IMAGE_TOKENS = 1_600
+"""An image part counts this much: Anthropic's figure for a ~1.15 megapixel image."""
+MAX_CACHED_TEXTS = 200_000
+"""The cache of counted texts is emptied past this many entries (bounds its memory)."""
+
+
+class BudgetExceeded(SpillboxError):
+    """A route is over its hard limit, after whatever compaction could do."""
+
+    def __init__(self, route: str, used: int, limit: int, report: BudgetReport) -> None:
+        advice = _ADVICE.get(route, f"raise routes[{route!r}]")
+        super().__init__(
+            f"the {route!r} route uses {used:,} tokens, over its hard limit of {limit:,} "
+            f"(window {report.window:,}, after {report.stages_text()}): {advice}"
+        )
+        self.route, self.used, self.limit, self.report = route, used, limit, report
+
+
+_ADVICE = {
+    "system": "raise routes['system'] (or shorten the system prompt)",
+    "tools": "raise routes['tools'] (or offer fewer tools)",
+    "history": "raise routes['history'], or pass a compactor so older turns are archived",
+    "tool_results": "raise routes['tool_results'], or pass a compactor so older results move out",
+    "retrieved": "raise routes['retrieved'] (or retrieve less)",
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route's limits, in tokens.
+
+    >>> Route(10_000).soft
+    8000
+    """
+
+    limit: int
+    """The hard limit: over it (after compaction) the check raises BudgetExceeded."""
+    soft: int = 0
+    """Where compaction starts; 0 means DEFAULT_SOFT_SHARE of the hard limit."""
+
+    def __post_init__(self) -> None:
+        if self.soft == 0 and _positive_int(self.limit):
+            object.__setattr__(self, "soft", max(1, int(self.limit * DEFAULT_SOFT_SHARE)))
+
+
+@dataclass(frozen=True)
+class RouteUse:
+    name: str
+    used: int
+    soft: int
+    limit: int
+
+    @property
+    def over_soft(self) -> bool:
+        return self.used > self.soft
+
+    @property
+    def over_hard(self) -> bool:
+        return self.used > self.limit
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One compaction stage that ran: what it did and how many tokens it freed."""
+
+    name: str
+    detail: str
+    freed: int
+
+
+@dataclass
+class BudgetReport:
+    """A checked request: use and limits per route, headroom, and the compaction that ran."""
+
+    provider: str
+    window: int
+    routes: list[RouteUse]
+    input_tokens: int
+    """Tokens of the whole request (every route but output)."""
+    reserve_output: int
+    request: Mapping[str, Any]
+    """The request as checked: compacted if a stage ran, else the one given."""
+    messages: list[tuple[int, str, int]] = field(default_factory=list)
+    """(index in the request's message list, kind, tokens) of each counted part."""
+    stages: list[Stage] = field(default_factory=list)
+
+    @property
+    def headroom(self) -> int:
+        """What the window still holds beyond the input and the output reserve."""
+        return self.window - self.input_tokens - self.reserve_output
+
+    def route(self, name: str) -> RouteUse:
+        return next(r for r in self.routes if r.name == name)
+
+    @property
+    def over_soft(self) -> list[RouteUse]:
+        return [r for r in self.routes if r.over_soft]
+
+    @property
+    def over_hard(self) -> list[RouteUse]:
+        return [r for r in self.routes if r.over_hard]
+
+    def stages_text(self) -> str:
+        if not self.stages:
+            return "no compaction"
+        return "compaction: " + ", ".join(s.name for s in self.stages)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "window": self.window,
+            "input_tokens": self.input_tokens,
+            "reserve_output": self.reserve_output,
+            "headroom": self.headroom,
+            "routes": {
+                r.name: {"used": r.used, "soft": r.soft, "limit": r.limit} for r in self.routes
+            },
+            "stages": [{"name": s.name, "detail": s.detail, "freed": s.freed} for s in self.stages],
+        }
+
+    def __str__(self) -> str:
+        parts = []
+        for r in self.routes:
+            flag = "!!" if r.over_hard else "!" if r.over_soft else ""
+            parts.append(f"{r.name} {r.used:,}/{r.limit:,}{flag}")
+        line = f"{self.input_tokens:,} in + {self.reserve_output:,} out of {self.window:,}"
+        line += f" (headroom {self.headroom:,}) | " + " ".join(parts)
+        if self.stages:
+            line += " | " + "; ".join(f"{s.name}: {s.detail} (-{s.freed:,})" for s in self.stages)
+        return line
+
+
+class Compactor(Protocol):
+    """Makes room in a request whose compactable routes are over their soft limits.
+
+    compact() gets the request and a `measure` function (a request to its report), runs its
+    stages in order while measure() still shows a route over its soft limit, and returns
+    the compacted request with the stages that ran. It never drops content: what leaves
+    the request is stored first.
+    """
+
+    def compact(
+        self,
+        request: Mapping[str, Any],
+        provider: Provider,
+        measure: Callable[[Mapping[str, Any]], BudgetReport],
+    ) -> tuple[Mapping[str, Any], list[Stage]]: ...
+
+
+RouteOf = Callable[[Mapping[str, Any]], str | None]
+"""A hook naming the kind of a message or item (e.g. "retrieved"), or None for the default."""
+
+
+class Budget:
+    """A window split into routes, each with a hard and a soft limit.
+
+    >>> budget = Budget(window=32_000)
+    >>> budget.route("history")
+    Route(limit=9600, soft=7680)
+    >>> budget.check({"messages": [{"role": "user", "content": "hi"}]},
+    ...              provider="chat_completions").route("history").used
+    5
+
+    routes replaces the defaults (a name with an int or a Route; default_routes(window)
+    gives them, to change one); reserve_output is the
+    output route's limit. Renamed or dropped routes: kinds maps each kind of content
+    (system, tools, history, tool_results, retrieved) to the route it counts against;
+    a kind whose route is dropped counts against history.
+    """
+
+    def __init__(
+        self,
+        window: int,
+        routes: Mapping[str, int | Route] | None = None,
+        reserve_output: int | None = None,
+        *,
+        kinds: Mapping[str, str] | None = None,
+        counter: TokenCounter | None = None,
+        route_of: RouteOf | None = None,
+    ) -> None:
+        if not _positive_int(window):
+            raise ConfigError(f"window must be a positive number of tokens, got {window!r}")
+        self.window = window
+        self.counter = counter or default_counter()
+        self.route_of = route_of
+        self._routes = _routes(window, routes, reserve_output)
+        self.reserve_output = self._routes[OUTPUT].limit
+        self._kinds = _kinds(self._routes, kinds)
+        self._texts: dict[str, int] = {}
+        self._objects: dict[int, tuple[object, int]] = {}
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        return dict(self._routes)
+
+    def route(self, name: str) -> Route:
+        return self._routes[name]
+
+    @property
+    def input_limit(self) -> int:
+        """The most tokens a request may hold: the window less the output reserve."""
+        return self.window - self.reserve_output
+
+    def check(
+        self,
+        request: Mapping[str, Any],
+        provider: Provider,
+        compactor: Compactor | None = None,
+    ) -> BudgetReport:
+        """Count request by route; compact if a compactable route is over its soft limit;
+        raise BudgetExceeded if any route (or the whole input) is then over its hard limit.
+
+        The request is never changed in place: a compacted one is in the report.
+        """
+        report = self.measure(request, provider)
+        if compactor is not None and _needs_room(report, self._kinds):
+            compacted, stages = compactor.compact(
+                request, provider, lambda r: self.measure(r, provider)
+            )
+            report = self.measure(compacted, provider)
+            report.stages = stages
+        # The routes add up to at most the window, so a request within every route's hard
+        # limit is within the window too.
+        for use in report.routes:
+            if use.over_hard:
+                raise BudgetExceeded(use.name, use.used, use.limit, report)
+        return report
+
+    def measure(self, request: Mapping[str, Any], provider: Provider) -> BudgetReport:
+        """Count request by route, without compacting or raising on limits."""
+        if provider not in PROVIDERS:
+            raise ConfigError(
+                f"provider: unknown request shape {provider!r}; use one of {', '.join(PROVIDERS)}"
+            )
+        if not isinstance(request, Mapping):
+            raise ConfigError(
+                f"request: expected a mapping (the request body), got {_kind(request)}"
+            )
+        if len(self._texts) > MAX_CACHED_TEXTS:
+            self._texts.clear()
+            self._objects.clear()
+        parts: list[tuple[int, str, int]] = []
+        _WALKERS[provider](self, request, parts)
+        used = dict.fromkeys(self._routes, 0)
+        for _, kind, tokens in parts:
+            used[self._kinds[kind]] += tokens
+        used[OUTPUT] = self.reserve_output
+        routes = [RouteUse(n, used[n], r.soft, r.limit) for n, r in self._routes.items()]
+        return BudgetReport(
+            provider=provider,
+            window=self.window,
+            routes=routes,
+            input_tokens=sum(t for _, _, t in parts),
+            reserve_output=self.reserve_output,
+            request=request,
+            messages=parts,
+        )
+
+    def compact_threshold(self) -> int:
+        """Where a provider's native compaction should start: the soft share of the input
+        limit, so the provider compacts before spillbox's own hard limits are reached."""
+        return int(self.input_limit * DEFAULT_SOFT_SHARE)
+
+    # Counting, remembered by content
+
+    def _text(self, text: str) -> int:
+        tokens = self._texts.get(text)
+        if tokens is None:
+            tokens = self._texts[text] = self.counter.count(text)
+        return tokens
+
+    def _object(self, value: object) -> int:
+        """Tokens of a structured value (a tool definition, a tool call's input), counted as
+        its JSON once per object: build a new one rather than changing one in place."""
+        if isinstance(value, str):
+            return self._text(value)
+        known = self._objects.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        tokens = self.counter.count(json.dumps(value, ensure_ascii=False, default=str))
+        self._objects[id(value)] = (value, tokens)  # the reference keeps the id unique
+        return tokens
+
+
+def _needs_room(report: BudgetReport, kinds: Mapping[str, str]) -> bool:
+    compactable = {kinds[k] for k in COMPACTABLE}
+    return any(r.over_soft for r in report.routes if r.name in compactable)
+
+
+def default_routes(window: int) -> dict[str, int | Route]:
+    """The default routes' limits for a window, to change one and pass them all:
+    Budget(w, routes={**default_routes(w), "history": 20_000})."""
+    return {name: int(window * share) for name, share in DEFAULT_ROUTE_SHARES.items()}
+
+
+def _routes(
+    window: int, routes: Mapping[str, int | Route] | None, reserve_output: int | None
+) -> dict[str, Route]:
+    if routes is None:
+        routes = default_routes(window)
+    if not isinstance(routes, Mapping):
+        raise ConfigError(
+            f"routes: expected a mapping of route names to limits, got {_kind(routes)}"
+        )
+    out: dict[str, Route] = {}
+    for name, value in routes.items():
+        route = (
+            value if isinstance(value, Route) else Route(value) if _positive_int(value) else None
+        )
+        if route is None or not _positive_int(route.limit):
+            limit = value.limit if isinstance(value, Route) else value
+            raise ConfigError(
+                f"routes[{name!r}]: a limit must be a positive number of tokens, got {limit!r}"
+            )
+        if not _positive_int(route.soft) or route.soft > route.limit:
+            raise ConfigError(
+                f"routes[{name!r}]: the soft limit must be between 1 and the hard limit "
+                f"({route.limit}), got {route.soft!r}"
+            )
+        out[str(name)] = route
+    if reserve_output is not None:
+        if not _positive_int(reserve_output):
+            raise ConfigError(
+                f"reserve_output must be a positive number of tokens, got {reserve_output!r}"
+            )
+        if OUTPUT in out and out[OUTPUT].limit != reserve_output:
+            raise ConfigError(
+                f"reserve_output ({reserve_output}) and routes['output'] ({out[OUTPUT].limit}) "
+                "disagree: give one of them"
+            )
+        out[OUTPUT] = Route(reserve_output, reserve_output)
+    elif OUTPUT not in out:
+        share = int(window * DEFAULT_OUTPUT_SHARE)
+        out[OUTPUT] = Route(share, share)
+    total = sum(r.limit for r in out.values())
+    if total > window:
+        listed = ", ".join(f"{n} {r.limit:,}" for n, r in out.items())
+        raise ConfigError(
+            f"routes: the limits add up to {total:,} tokens, more than the window of "
+            f"{window:,} ({listed}): lower a route or reserve_output, or raise window"
+        )
+    return out
+
+
+def _kinds(routes: Mapping[str, Route], kinds: Mapping[str, str] | None) -> dict[str, str]:
+    given = dict(kinds or {})
+    for kind in given:
+        if kind not in KINDS:
+            raise ConfigError(
+                f"kinds[{kind!r}]: not a kind of content; kinds are {', '.join(KINDS)}"
+            )
+    out: dict[str, str] = {}
+    for kind in KINDS:
+        route = given.get(kind, kind if kind in routes else given.get("history", "history"))
+        if route not in routes or route == OUTPUT:
+            raise ConfigError(
+                f"kinds[{kind!r}]: no route {route!r} to count {kind} against; name one of "
+                f"{', '.join(n for n in routes if n != OUTPUT)} in kinds={{{kind!r}: ...}}"
+            )
+        out[kind] = route
+    return out
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+# The three request shapes. Each walker appends (message index, kind, tokens) to parts;
+# top-level parts (instructions, system, tools) have index -1.
+
+
+class ShapeError(ConfigError):
+    """A request that is not in the shape its provider expects; names the field."""
+
+
+def _list(value: object, path: str, what: str) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise ShapeError(f"{path}: expected a list of {what}, got {_kind(value)}")
+    return list(value)
+
+
+def _mapping(value: object, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ShapeError(f"{path}: expected an object, got {_kind(value)}")
+    return value
+
+
+def _tools(budget: Budget, request: Mapping[str, Any], parts: list[tuple[int, str, int]]) -> None:
+    for tool in _list(request.get("tools") or [], "request['tools']", "tool definitions"):
+        parts.append((-1, "tools", budget._object(tool)))
+
+
+def _hooked(budget: Budget, item: Mapping[str, Any], kind: str, path: str) -> str:
+    if budget.route_of is None:
+        return kind
+    named = budget.route_of(item)
+    if named is None:
+        return kind
+    if named not in KINDS:
+        raise ConfigError(f"route_of({path}) returned {named!r}: return one of {', '.join(KINDS)}")
+    return named
+
+
+_CHAT_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "history",
+    "assistant": "history",
+    "tool": "tool_results",
+    "function": "tool_results",
+}
+_CHAT_TEXT_PARTS = ("text", "refusal")
+_CHAT_MEDIA_PARTS = ("image_url", "input_audio", "file")
+
+
+def _chat(budget: Budget, request: Mapping[str, Any], parts: list[tuple[int, str, int]]) -> None:
+    if "messages" not in request:
+        raise ShapeError("request['messages']: a chat_completions request needs messages")
+    for i, raw in enumerate(_list(request["messages"], "request['messages']", "messages")):
+        path = f"request['messages'][{i}]"
+        message = _mapping(raw, path)
+        kind = _CHAT_ROLES.get(message.get("role"))  # type: ignore[arg-type]
+        if kind is None:
+            raise ShapeError(
+                f"{path}['role']: {message.get('role')!r} is not a chat_completions role "
+                f"({', '.join(_CHAT_ROLES)})"
+            )
+        kind = _hooked(budget, message, kind, path)
+        tokens = MESSAGE_OVERHEAD_TOKENS + _chat_content(budget, message.get("content"), path)
+        for call in message.get("tool_calls") or ():
+            function = _mapping(call, f"{path}['tool_calls']").get("function") or {}
+            tokens += budget._text(str(function.get("name", "")))
+            tokens += budget._object(function.get("arguments") or "")
+        parts.append((i, kind, tokens))
+    _tools(budget, request, parts)
+
+
+def _chat_content(budget: Budget, content: object, path: str) -> int:
+    if content is None:
+        return 0
+    return _content(budget, content, path, "chat_completions", _CHAT_TEXT_PARTS, _CHAT_MEDIA_PARTS)
+
+
+def _content(
+    budget: Budget,
+    content: object,
+    path: str,
+    provider: str,
+    text_parts: tuple[str, ...],
+    media_parts: tuple[str, ...],
+) -> int:
+    """Tokens of a message's content: a string, or a list of text and media parts."""
+    if isinstance(content, str):
+        return budget._text(content)
+    tokens = 0
+    for j, raw in enumerate(_list(content, f"{path}['content']", "content parts")):
+        part = _mapping(raw, f"{path}['content'][{j}]")
+        kind = part.get("type")
+        if kind in text_parts:
+            tokens += budget._text(str(part.get("text", part.get("refusal", ""))))
+        elif kind in media_parts:
+            tokens += IMAGE_TOKENS
+        else:
+            raise ShapeError(
+                f"{path}['content'][{j}]['type']: {kind!r} is not a {provider} content part "
+                f"({', '.join(text_parts + media_parts)})"
+            )
+    return tokens
+
+
+_RESPONSES_TEXT = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
+_RESPONSES_MEDIA = ("input_image", "input_file", "input_audio")
+
+
+def _responses(
+    budget: Budget, request: Mapping[str, Any], parts: list[tuple[int, str, int]]
+) -> None:
+    if "input" not in request:
+        raise ShapeError("request['input']: a responses request needs input")
+    instructions = request.get("instructions")
+    if instructions:
+        if not isinstance(instructions, str):
+            raise ShapeError(
+                f"request['instructions']: expected a string, got {_kind(instructions)}"
+            )
+        parts.append((-1, "system", budget._text(instructions)))
+    items = request["input"]
+    if isinstance(items, str):
+        parts.append((0, "history", MESSAGE_OVERHEAD_TOKENS + budget._text(items)))
+        items = []
+    for i, raw in enumerate(_list(items, "request['input']", "input items")):
+        path = f"request['input'][{i}]"
+        item = _mapping(raw, path)
+        kind, tokens = _responses_item(budget, item, path)
+        parts.append((i, _hooked(budget, item, kind, path), tokens))
+    _tools(budget, request, parts)
+
+
+def _responses_item(budget: Budget, item: Mapping[str, Any], path: str) -> tuple[str, int]:
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise ShapeError(
+                f"{path}['role']: {role!r} is not a responses message role "
+                "(system, developer, user, assistant)"
+            )
+        tokens = MESSAGE_OVERHEAD_TOKENS + _content(
+            budget, item.get("content"), path, "responses", _RESPONSES_TEXT, _RESPONSES_MEDIA
+        )
+        return ("system" if role in ("system", "developer") else "history"), tokens
+    if kind == "function_call_output":
+        return "tool_results", MESSAGE_OVERHEAD_TOKENS + budget._object(item.get("output", ""))
+    if kind == "function_call":
+        name, arguments = str(item.get("name", "")), item.get("arguments") or ""
+        return "history", MESSAGE_OVERHEAD_TOKENS + budget._text(name) + budget._object(arguments)
+    if kind in ("reasoning", "compaction"):
+        # Opaque to the client (encrypted): counted by its visible text only.
+        text = "".join(
+            str(s.get("text", "")) for s in item.get("summary") or () if isinstance(s, Mapping)
+        )
+        return "history", MESSAGE_OVERHEAD_TOKENS + budget._text(text)
+    if isinstance(kind, str) and kind.endswith(("_call", "_call_output")):
+        return "tool_results" if kind.endswith("_output") else "history", budget._object(item)
+    raise ShapeError(
+        f"{path}['type']: {kind!r} is not a responses input item (message, function_call, "
+        "function_call_output, reasoning, compaction, or a built-in tool's *_call)"
+    )
+
+
+_ANTHROPIC_RETRIEVED = ("document", "search_result")
+
+
+def _anthropic(
+    budget: Budget, request: Mapping[str, Any], parts: list[tuple[int, str, int]]
+) -> None:
+    if "messages" not in request:
+        raise ShapeError("request['messages']: an anthropic request needs messages")
+    system = request.get("system")
+    if system:
+        parts.append((-1, "system", _anthropic_blocks(budget, system, "request['system']")[1]))
+    for i, raw in enumerate(_list(request["messages"], "request['messages']", "messages")):
+        path = f"request['messages'][{i}]"
+        message = _mapping(raw, path)
+        if message.get("role") not in ("user", "assistant"):
+            raise ShapeError(
+                f"{path}['role']: {message.get('role')!r} is not an anthropic role (user, "
+                "assistant; the system prompt goes in request['system'])"
+            )
+        content = message.get("content")
+        if isinstance(content, str):
+            kind = _hooked(budget, message, "history", path)
+            parts.append((i, kind, MESSAGE_OVERHEAD_TOKENS + budget._text(content)))
+            continue
+        by_kind: dict[str, int] = {}
+        for j, raw_block in enumerate(_list(content, f"{path}['content']", "content blocks")):
+            block_path = f"{path}['content'][{j}]"
+            kind, tokens = _anthropic_block(budget, _mapping(raw_block, block_path), block_path)
+            by_kind[kind] = by_kind.get(kind, 0) + tokens
+        first = True
+        for kind, tokens in by_kind.items():
+            overhead = MESSAGE_OVERHEAD_TOKENS if first else 0
+            parts.append((i, _hooked(budget, message, kind, path), tokens + overhead))
+            first = False
+    _tools(budget, request, parts)
+
+
+def _anthropic_blocks(budget: Budget, content: object, path: str) -> tuple[str, int]:
+    if isinstance(content, str):
+        return "system", budget._text(content)
+    tokens = 0
+    for j, raw in enumerate(_list(content, path, "content blocks")):
+        tokens += _anthropic_block(budget, _mapping(raw, f"{path}[{j}]"), f"{path}[{j}]")[1]
+    return "system", tokens
+
+
+def _anthropic_block(budget: Budget, block: Mapping[str, Any], path: str) -> tuple[str, int]:
+    kind = block.get("type")
+    if kind == "text":
+        return "history", budget._text(str(block.get("text", "")))
+    if kind == "tool_result":
+        content = block.get("content", "")
+        if isinstance(content, str):
+            return "tool_results", budget._text(content)
+        return "tool_results", _anthropic_blocks(budget, content, f"{path}['content']")[1]
+    if kind == "tool_use":
+        name = budget._text(str(block.get("name", "")))
+        return "history", name + budget._object(block.get("input") or {})
+    if kind in ("thinking", "compaction"):
+        return "history", budget._text(str(block.get(kind, block.get("content")) or ""))
+    if kind == "redacted_thinking":
+        return "history", 0
+    if kind in _ANTHROPIC_RETRIEVED:
+        return "retrieved", budget._object(block)
+    if kind == "image":
+        return "history", IMAGE_TOKENS
+    raise ShapeError(
+        f"{path}['type']: {kind!r} is not an anthropic content block (text, image, tool_use, "
+        "tool_result, document, search_result, thinking, compaction)"
+    )
+
+
+_WALKERS: dict[str, Callable[[Budget, Mapping[str, Any], list[tuple[int, str, int]]], None]] = {
+    "chat_completions": _chat,
+    "responses": _responses,
+    "anthropic": _anthropic,
+}
+
+
+def message_list_key(provider: Provider) -> str:
+    """The request key that holds the conversation in provider's shape."""
+    return "input" if provider == "responses" else "messages"
+
+
+__all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "BudgetReport",
+    "Compactor",
+    "Provider",
+    "Route",
+    "RouteUse",
+    "ShapeError",
+    "Stage",
+]
