@@ -132,6 +132,20 @@ class BudgetReport:
     messages: list[tuple[int, str, int]] = field(default_factory=list)
     """(index in the request's message list, kind, tokens) of each counted part."""
     stages: list[Stage] = field(default_factory=list)
+    compactable: frozenset[str] = frozenset()
+    """The routes a compactor can shrink (those history, tool_results and retrieved count in)."""
+
+    @property
+    def needs_room(self) -> bool:
+        """Whether a compactable route is over its soft limit."""
+        return any(r.over_soft for r in self.routes if r.name in self.compactable)
+
+    @property
+    def overflow(self) -> int:
+        """Tokens the compactable routes hold beyond their soft limits."""
+        return sum(
+            r.used - r.soft for r in self.routes if r.name in self.compactable and r.over_soft
+        )
 
     @property
     def headroom(self) -> int:
@@ -262,7 +276,7 @@ class Budget:
         The request is never changed in place: a compacted one is in the report.
         """
         report = self.measure(request, provider)
-        if compactor is not None and _needs_room(report, self._kinds):
+        if compactor is not None and report.needs_room:
             compacted, stages = compactor.compact(
                 request, provider, lambda r: self.measure(r, provider)
             )
@@ -303,6 +317,7 @@ class Budget:
             reserve_output=self.reserve_output,
             request=request,
             messages=parts,
+            compactable=frozenset(self._kinds[k] for k in COMPACTABLE),
         )
 
     def compact_threshold(self) -> int:
@@ -329,11 +344,6 @@ class Budget:
         tokens = self.counter.count(json.dumps(value, ensure_ascii=False, default=str))
         self._objects[id(value)] = (value, tokens)  # the reference keeps the id unique
         return tokens
-
-
-def _needs_room(report: BudgetReport, kinds: Mapping[str, str]) -> bool:
-    compactable = {kinds[k] for k in COMPACTABLE}
-    return any(r.over_soft for r in report.routes if r.name in compactable)
 
 
 def default_routes(window: int) -> dict[str, int | Route]:

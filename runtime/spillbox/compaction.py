@@ -1,0 +1,225 @@
+"""Fallback compaction: make room in a request without losing anything.
+
+When a budget's compactable routes (history, tool results, retrieved) are over their soft
+limits, Fallback runs these stages in order, each only while the budget is still over:
+
+  a. tool results: all but the last few move into the task's sandbox and become notices
+     (adapters.compact_history); read_artifact opens them again.
+  b. archive: the oldest turns move into the task as one artifact (NDJSON, one message a
+     line, searchable with SQL and grep, under the task's retention), and one message in
+     their place says what was archived and how to open it. The system prompt (every
+     system or developer message) and the first user message (the task) always stay.
+  c. summary: only with a summariser (a callable); the turns it summarises are archived
+     first, as in b, and the summary stands beside the archive's notice.
+  d. backstop: the last min_recent messages always stay as they are; if the budget is
+     still over a hard limit, Budget.check raises BudgetExceeded.
+
+    budget.check(request, provider="chat_completions", compactor=Fallback(task))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spillbox.adapters import compact_history
+from spillbox.budget import BudgetReport, Provider, Stage, message_list_key
+from spillbox.errors import ConfigError
+from spillbox.types import ToolResult
+
+if TYPE_CHECKING:
+    from spillbox.protocols import TaskHandle
+
+DEFAULT_KEEP_TOOL_RESULTS = 3
+"""Stage a leaves this many of the latest tool results inline."""
+DEFAULT_MIN_RECENT = 4
+"""The backstop: this many of the latest messages are never archived or summarised."""
+DEFAULT_KEEP_RECENT = 12
+"""With a summariser, stage b archives down to this many latest messages; stage c
+summarises further, down to min_recent."""
+ARCHIVE_TOOL = "spillbox_history"
+"""The tool name an archive of turns is stored under (list_artifacts shows it)."""
+ARCHIVE_MARK = "[spillbox: earlier turns archived]"
+"""The first words of the message that stands for archived turns."""
+_NOTICE_ALLOWANCE_TOKENS = 600
+"""What an archive's message is assumed to cost when choosing how many turns to archive."""
+
+Summariser = Callable[[Sequence[Mapping[str, Any]]], str]
+"""Turns (in the request's own shape) to a summary text."""
+Measure = Callable[[Mapping[str, Any]], BudgetReport]
+
+
+class Fallback:
+    """spillbox's own reversible compaction, for models without native compaction.
+
+    >>> compactor = Fallback(task, summariser=None, min_recent=4)  # doctest: +SKIP
+    >>> report = budget.check(request, "anthropic", compactor=compactor)  # doctest: +SKIP
+    >>> [stage.name for stage in report.stages]  # doctest: +SKIP
+    ['tool_results', 'archive']
+    """
+
+    def __init__(
+        self,
+        task: TaskHandle,
+        summariser: Summariser | None = None,
+        *,
+        keep_tool_results: int = DEFAULT_KEEP_TOOL_RESULTS,
+        min_recent: int = DEFAULT_MIN_RECENT,
+        keep_recent: int = DEFAULT_KEEP_RECENT,
+    ) -> None:
+        for name, value in (
+            ("keep_tool_results", keep_tool_results),
+            ("min_recent", min_recent),
+            ("keep_recent", keep_recent),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a whole number of 0 or more, got {value!r}")
+        if keep_recent < min_recent:
+            raise ConfigError(
+                f"keep_recent ({keep_recent}) must be at least min_recent ({min_recent})"
+            )
+        self.task = task
+        self.summariser = summariser
+        self.keep_tool_results = keep_tool_results
+        self.min_recent = min_recent
+        self.keep_recent = keep_recent if summariser is not None else min_recent
+
+    def compact(
+        self, request: Mapping[str, Any], provider: Provider, measure: Measure
+    ) -> tuple[Mapping[str, Any], list[Stage]]:
+        key = message_list_key(provider)
+        if not isinstance(request.get(key), list):
+            return request, []  # a Responses input given as one string: nothing to move
+        stages: list[Stage] = []
+        report = measure(request)
+        messages = compact_history(self.task, request[key], keep_last=self.keep_tool_results)
+        request, report, freed = _replaced(request, key, messages, report, measure)
+        if freed > 0:
+            stages.append(Stage("tool_results", "older tool results replaced by notices", freed))
+        for name, keep, summariser in (
+            ("archive", self.keep_recent, None),
+            ("summary", self.min_recent, self.summariser),
+        ):
+            while report.needs_room and (name == "archive" or summariser is not None):
+                archived = self._archive(request[key], provider, report, keep, summariser)
+                if archived is None:
+                    break
+                request, report, freed = _replaced(request, key, archived[0], report, measure)
+                stages.append(Stage(name, archived[1], freed))
+        if report.needs_room:
+            stages.append(
+                Stage(
+                    "backstop",
+                    f"the last {self.min_recent} messages, the system prompt and the task stay",
+                    0,
+                )
+            )
+        return request, stages
+
+    def _archive(
+        self,
+        messages: list[dict[str, Any]],
+        provider: Provider,
+        report: BudgetReport,
+        keep: int,
+        summariser: Summariser | None,
+    ) -> tuple[list[dict[str, Any]], str] | None:
+        """messages with their oldest movable turns archived (enough of them, by the
+        report's counts, to free the overflow) and what was done, or None if no turn can
+        move."""
+        start = _first_movable(messages, provider)
+        cuts = [
+            j
+            for j in range(start + 1, len(messages) - keep + 1)
+            if _starts_turn(messages, j, provider)
+        ]
+        if not cuts:
+            return None
+        tokens = [0] * len(messages)
+        for index, _, count in report.messages:
+            if 0 <= index < len(tokens):
+                tokens[index] += count
+        need = report.overflow + _NOTICE_ALLOWANCE_TOKENS
+        cut = next((j for j in cuts if sum(tokens[start:j]) >= need), cuts[-1])
+        moved = [m for m in messages[start:cut] if not _is_system(m, provider)]
+        kept_system = [m for m in messages[start:cut] if _is_system(m, provider)]
+        if not moved:
+            return None
+        call_id, text = self._store(moved, start, cut)
+        if summariser is not None:
+            text = f"Summary of the archived turns:\n{summariser(moved)}\n\n{text}"
+        notice = {"role": "user", "content": f"{ARCHIVE_MARK} {text}"}
+        detail = f"{len(moved)} messages archived as {call_id}"
+        return [*messages[:start], *kept_system, notice, *messages[cut:]], detail
+
+    def _store(self, moved: Sequence[Mapping[str, Any]], start: int, cut: int) -> tuple[str, str]:
+        """Store the moved messages as one NDJSON artifact: its call id, and the text that
+        stands for them."""
+        lines = "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in moved)
+        call_id = "history-" + hashlib.sha256(lines.encode("utf-8")).hexdigest()[:16]
+        admitted = self.task.offload(ToolResult(call_id, ARCHIVE_TOOL, lines))
+        return call_id, (
+            f"{len(moved)} messages (positions {start}-{cut - 1} of the conversation) were "
+            "moved to the task's sandbox to keep the request within its token budget; "
+            "they are stored whole, one JSON message a line. Open them with read_artifact "
+            "or search them with code mode.\n" + admitted.text
+        )
+
+
+def _replaced(
+    request: Mapping[str, Any],
+    key: str,
+    messages: list[dict[str, Any]],
+    before: BudgetReport,
+    measure: Measure,
+) -> tuple[Mapping[str, Any], BudgetReport, int]:
+    """The request with its messages replaced, its report, and the tokens that freed."""
+    out = {**request, key: messages}
+    after = measure(out)
+    return out, after, before.input_tokens - after.input_tokens
+
+
+def _is_system(message: Mapping[str, Any], provider: Provider) -> bool:
+    return provider != "anthropic" and message.get("role") in ("system", "developer")
+
+
+def _is_archive_notice(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, str) and content.startswith(ARCHIVE_MARK)
+
+
+def _first_movable(messages: Sequence[Mapping[str, Any]], provider: Provider) -> int:
+    """The index after the system prompt, the first user message and earlier archives'
+    notices: nothing before it ever moves."""
+    i = 0
+    while i < len(messages) and _is_system(messages[i], provider):
+        i += 1
+    while i < len(messages) and messages[i].get("role") != "user":
+        i += 1
+    i += 1  # the first user message: the task
+    while i < len(messages) and (
+        _is_archive_notice(messages[i]) or _is_system(messages[i], provider)
+    ):
+        i += 1
+    return i
+
+
+def _starts_turn(messages: Sequence[Mapping[str, Any]], j: int, provider: Provider) -> bool:
+    """Whether the messages from j on can stand without those before j: j is not a tool
+    result (its call would be archived) nor an item that needs the one before it."""
+    if j >= len(messages):
+        return True
+    message = messages[j]
+    if provider == "chat_completions":
+        return message.get("role") in ("user", "assistant")
+    if provider == "anthropic":
+        content = message.get("content")
+        return not (
+            isinstance(content, list)
+            and any(isinstance(b, Mapping) and b.get("type") == "tool_result" for b in content)
+        )
+    kind = message.get("type", "message")
+    previous = messages[j - 1].get("type") if j > 0 else None
+    return kind == "message" or (kind in ("function_call", "reasoning") and previous != "reasoning")
