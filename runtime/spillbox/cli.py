@@ -148,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--home", help="spillbox home (default: a temp folder, removed after)")
     demo.set_defaults(func=_demo)
 
-    mcp = commands.add_parser("mcp", help="spillbox as an MCP server (stdio)")
+    mcp = commands.add_parser("mcp", help="spillbox as an MCP server (stdio or HTTP)")
     mcp_commands = mcp.add_subparsers(required=True, metavar="ACTION")
     proxy = mcp_commands.add_parser(
         "proxy",
@@ -170,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
         help="how long a finished result waits for the other calls of its step (default 2)",
     )
     _retention_flags(proxy)
+    _listen_flags(proxy)
     proxy.add_argument("--url", help="a server that speaks streamable HTTP, in place of COMMAND")
     proxy.add_argument("command", nargs="*", metavar="COMMAND", help="the server to run (or --url)")
     proxy.set_defaults(func=_mcp)
@@ -178,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--task", required=True)
     _retention_flags(serve)
+    _listen_flags(serve)
     serve.set_defaults(func=_mcp, command=None, url=None, upstream_timeout=None, step_bound=None)
 
     image = commands.add_parser("image", help="the sandbox image")
@@ -187,6 +189,30 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if present")
     build.set_defaults(func=_image_build)
     return parser
+
+
+def _listen_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("clients over streamable HTTP (default: one client on stdio)")
+    group.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="serve MCP at http://HOST:PORT/mcp, a loopback address (port 0: any free one); "
+        "each MCP session gets its own task (or --task's) and its own upstream",
+    )
+    group.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an Origin besides the server's own that may send requests (a browser-based "
+        "client, e.g. http://localhost:6274); others get 403",
+    )
+    group.add_argument(
+        "--session-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end a session with no request in flight this long (default 1800)",
+    )
 
 
 def _retention_flags(parser: argparse.ArgumentParser) -> None:
@@ -215,15 +241,16 @@ def _harness(args: argparse.Namespace) -> Harness:
     return Harness(sandbox=sandbox, home=args.home, gc_interval=-1)
 
 
-def _task(args: argparse.Namespace, harness: Harness) -> Task:
-    """The task named on the command line, with the retention flags given, if any."""
+def _task(args: argparse.Namespace, harness: Harness, task_id: str | None = None) -> Task:
+    """The task named on the command line (or task_id), with the retention flags given."""
+    task_id = task_id or args.task
     flags = {name: getattr(args, name, None) for name in _RETENTION_FLAGS}
     retention = None
     if any(value is not None for value in flags.values()):
-        known = harness.catalog.task(args.task)
+        known = harness.catalog.task(task_id)
         base = policy_for(known, None, harness.settings.retention)
         retention = Retention.from_options(flags, base)
-    return harness.task(args.task, retention=retention)
+    return harness.task(task_id, retention=retention)
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -422,23 +449,33 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    from spillbox.mcp import DEFAULT_UPSTREAM_TIMEOUT_SECONDS, STEP_BOUND_SECONDS, new_task_id, run
+    from spillbox import mcp
 
     if args.command is not None and bool(args.command) == bool(args.url):  # proxy
         raise ConfigError(
             "give the server to run after --, or --url for one that speaks streamable HTTP "
             "(one of the two)"
         )
-    args.task = args.task or new_task_id()
+    timeout = args.upstream_timeout
+    upstream = {
+        "timeout": mcp.DEFAULT_UPSTREAM_TIMEOUT_SECONDS if timeout is None else timeout or None,
+        "bound": mcp.STEP_BOUND_SECONDS if args.step_bound is None else args.step_bound,
+        "url": args.url,
+    }
+    listen = mcp.parse_listen(args.listen, args.allow_origin) if args.listen else None
     # A long-lived server: garbage collection runs in the background, as in a harness.
-    with Harness(sandbox=args.sandbox, home=args.home) as harness, _task(args, harness) as task:
-        timeout = args.upstream_timeout
-        run(
-            task,
+    with Harness(sandbox=args.sandbox, home=args.home) as harness:
+        if listen is None:
+            with _task(args, harness, args.task or mcp.new_task_id()) as task:
+                mcp.run(task, args.command, **upstream)
+            return 0
+        session_timeout = args.session_timeout or mcp.DEFAULT_SESSION_TIMEOUT_SECONDS
+        mcp.run_http(
+            listen,
+            lambda: _task(args, harness, args.task or mcp.new_task_id()),
             args.command,
-            timeout=DEFAULT_UPSTREAM_TIMEOUT_SECONDS if timeout is None else timeout or None,
-            bound=STEP_BOUND_SECONDS if args.step_bound is None else args.step_bound,
-            url=args.url,
+            session_timeout=session_timeout,
+            **upstream,
         )
     return 0
 

@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +28,21 @@ NPM_PACKAGES = (
     "@modelcontextprotocol/inspector",
 )
 COMMITS = 3000
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+"""An initialize request as a raw client sends it."""
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 def proxy_params(
@@ -34,6 +56,43 @@ def proxy_params(
 async def connect(params: StdioServerParameters, **callbacks: Any) -> AsyncIterator[ClientSession]:
     """An initialized SDK ClientSession over the stdio of the process params start."""
     async with stdio_client(params) as (read, write), ClientSession(read, write, **callbacks) as s:
+        await s.initialize()
+        yield s
+
+
+@contextmanager
+def listening(
+    home: Path, *args: str, marker: str = ""
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`spillbox mcp ARGS --listen 127.0.0.1:0` running; its URL (read from its stderr,
+    which a thread goes on reading so that the server never blocks on it)."""
+    command = [str(BIN / "spillbox"), "mcp", *args[:1], "--home", str(home), "--sandbox", "none"]
+    command += ["--listen", "127.0.0.1:0", *args[1:]]
+    env = {**os.environ, "SPILLBOX_TEST_MARKER": marker}
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) as server:
+        assert server.stderr is not None
+        stderr = server.stderr
+        line = stderr.readline()
+        drain = threading.Thread(target=stderr.read, daemon=True)
+        drain.start()
+        try:
+            found = re.search(r"http://\S+/mcp", line)
+            assert found, f"no URL in {line!r}"
+            yield found.group(0), server
+        finally:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                server.wait(timeout=30)
+            drain.join(timeout=10)
+
+
+@asynccontextmanager
+async def http_connect(url: str, **callbacks: Any) -> AsyncIterator[ClientSession]:
+    """An initialized SDK ClientSession over streamable HTTP, a session of its own."""
+    async with (
+        streamable_http_client(url) as (read, write),
+        ClientSession(read, write, **callbacks) as s,
+    ):
         await s.initialize()
         yield s
 

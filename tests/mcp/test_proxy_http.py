@@ -11,19 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import mcp_types as types
 import pytest
 from mcp.client.stdio import StdioServerParameters
-from mcp_client import BIN, connect
+from mcp_client import BIN, connect, text_of
 
 from spillbox import parse_notice
 
 pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 @pytest.fixture

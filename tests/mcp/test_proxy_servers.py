@@ -6,22 +6,27 @@ import json
 import os
 import signal
 import uuid
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
-from mcp_client import connect, npm_server, processes_with, proxy_params
+from mcp_client import (
+    connect,
+    http_connect,
+    listening,
+    npm_server,
+    processes_with,
+    proxy_params,
+    text_of,
+)
 
 from spillbox import Harness, parse_notice
 
 pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 @pytest.fixture
@@ -63,9 +68,11 @@ async def test_filesystem_results_keep_their_output_schema(
     assert small.structured_content == {"content": text_of(small)}
 
 
+@pytest.mark.parametrize("client", ["stdio", "http"])
 async def test_everything_progress_sampling_elicitation_roots(
-    npm_servers: Path, home: Path
+    npm_servers: Path, home: Path, client: str
 ) -> None:
+    """The same over both ways a client reaches the proxy: its stdio, or --listen."""
     asked: dict[str, Any] = {}
 
     async def sampling(ctx: Any, params: types.CreateMessageRequestParams) -> Any:
@@ -93,7 +100,14 @@ async def test_everything_progress_sampling_elicitation_roots(
         "elicitation_callback": elicitation,
         "list_roots_callback": roots,
     }
-    async with connect(proxy_params(home, server), **callbacks) as session:
+    async with AsyncExitStack() as stack:
+        if client == "stdio":
+            session = await stack.enter_async_context(
+                connect(proxy_params(home, server), **callbacks)
+            )
+        else:
+            url, _ = stack.enter_context(listening(home, "proxy", "--", *server))
+            session = await stack.enter_async_context(http_connect(url, **callbacks))
         names = {tool.name for tool in (await session.list_tools()).tools}
         assert {"trigger-sampling-request", "trigger-elicitation-request"} <= names
         long = await session.call_tool(

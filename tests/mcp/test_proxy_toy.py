@@ -10,7 +10,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_client import connect, memory_kb, proxy_params, proxy_pid, toy_server
+from mcp_client import connect, memory_kb, proxy_params, proxy_pid, text_of, toy_server
 
 from spillbox import parse_notice
 from spillbox.mcp.results import tool_result
@@ -22,10 +22,6 @@ pytest_plugins = ["mcp_fixtures"]
 MEMORY_RATIO_MAX = 8
 """What a large result may add to the proxy's peak RSS, in multiples of its size
 (benchmarks/mcp_bench.py measured 6.0 for 100 MB): bounded by the result, not its time."""
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 async def appears(path: Path) -> None:

@@ -6,20 +6,15 @@ import json
 import subprocess
 from pathlib import Path
 
-import mcp_types as types
 import pytest
 from mcp.client.stdio import StdioServerParameters
-from mcp_client import BIN, connect, git_server, proxy_params
+from mcp_client import BIN, INITIALIZE, connect, git_server, proxy_params, text_of
 
 from spillbox import Harness, ToolResult, parse_notice
 from spillbox.tools import Toolset
 
 pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 async def test_serve_reads_what_a_proxy_of_the_same_task_stored(git_repo: Path, home: Path) -> None:
@@ -41,18 +36,8 @@ async def test_serve_reads_what_a_proxy_of_the_same_task_stored(git_repo: Path, 
 
 
 def test_malformed_lines_get_json_rpc_errors(git_repo: Path, home: Path) -> None:
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"},
-        },
-    }
     unknown = {"jsonrpc": "2.0", "id": 2, "method": "no/such/method"}
-    lines = ["this is not json", '{"hello": "world"}', json.dumps(initialize), json.dumps(unknown)]
+    lines = ["this is not json", '{"hello": "world"}', json.dumps(INITIALIZE), json.dumps(unknown)]
     params = proxy_params(home, git_server(git_repo))
     with subprocess.Popen(
         [params.command, *params.args],

@@ -4,6 +4,7 @@ spillbox's own tools as an MCP server.
     spillbox mcp proxy --task gh -- npx -y @modelcontextprotocol/server-github
     spillbox mcp proxy --task web --url http://127.0.0.1:3001/mcp
     spillbox mcp serve --task gh
+    spillbox mcp proxy --listen 127.0.0.1:8931 -- mcp-server-git   # clients over HTTP
 
     from spillbox.mcp import run
     run(task, ["mcp-server-git", "--repository", "."])   # serves stdin/stdout until EOF
@@ -13,7 +14,7 @@ subprocess, or a URL over streamable HTTP), step (overlapping calls as one step)
 (a CallToolResult through the gate), conform (structuredContent an outputSchema accepts),
 links (stored payloads as resources: resource_link, resources/read), local (spillbox's
 tools as MCP tools), transport (stdio: the client's, answering malformed lines, and the
-upstream's, read in linear time).
+upstream's, read in linear time), http (clients over streamable HTTP, a proxy per session).
 """
 
 from __future__ import annotations
@@ -24,12 +25,29 @@ from functools import partial
 
 import anyio
 
-from spillbox.mcp.proxy import serve_stdio
+from spillbox.mcp.http import (
+    DEFAULT_SESSION_TIMEOUT_SECONDS,
+    Connect,
+    Listen,
+    OpenTask,
+    parse_listen,
+    serve_http,
+)
+from spillbox.mcp.proxy import connection, serve_stdio
 from spillbox.mcp.step import STEP_BOUND_SECONDS
 from spillbox.mcp.upstream import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from spillbox.protocols import TaskHandle
 
-__all__ = ["DEFAULT_UPSTREAM_TIMEOUT_SECONDS", "STEP_BOUND_SECONDS", "new_task_id", "run"]
+__all__ = [
+    "DEFAULT_SESSION_TIMEOUT_SECONDS",
+    "DEFAULT_UPSTREAM_TIMEOUT_SECONDS",
+    "STEP_BOUND_SECONDS",
+    "Listen",
+    "new_task_id",
+    "parse_listen",
+    "run",
+    "run_http",
+]
 
 
 def run(
@@ -45,7 +63,29 @@ def run(
 
     timeout: seconds an upstream request may go without its answer or progress (None: no
     limit); bound: how long a finished result waits for the other calls of its step."""
-    anyio.run(partial(serve_stdio, task, command, bound, timeout, url))
+    anyio.run(serve_stdio, _connect(command, timeout, bound, url), task)
+
+
+def run_http(
+    listen: Listen,
+    open_task: OpenTask,
+    command: Sequence[str] | None = None,
+    *,
+    timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
+    bound: float = STEP_BOUND_SECONDS,
+    url: str | None = None,
+    session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+) -> None:
+    """Serve MCP over streamable HTTP at listen until SIGINT or SIGTERM: each MCP session
+    gets the task open_task opens (closed when the session ends) and its own upstream."""
+    connect = _connect(command, timeout, bound, url)
+    anyio.run(serve_http, listen, open_task, connect, session_timeout)
+
+
+def _connect(
+    command: Sequence[str] | None, timeout: float | None, bound: float, url: str | None
+) -> Connect:
+    return partial(connection, command=command, bound=bound, upstream_timeout=timeout, url=url)
 
 
 def new_task_id() -> str:

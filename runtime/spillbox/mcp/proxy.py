@@ -17,7 +17,8 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -343,17 +344,25 @@ def _progress(ctx: Ctx) -> ProgressFnT | None:
     return report
 
 
-async def serve_stdio(
+@asynccontextmanager
+async def connection(
     task: TaskHandle,
     command: Sequence[str] | None,
     bound: float = STEP_BOUND_SECONDS,
     upstream_timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     url: str | None = None,
-) -> None:
-    """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
+) -> AsyncIterator[Proxy]:
+    """One client connection's proxy; on exit its upstream is stopped."""
     async with anyio.create_task_group() as group:
         proxy = Proxy(task, command, group, bound, upstream_timeout, url)
         group.start_soon(proxy.watch)
-        async with stdio() as (read, write):
-            await proxy.server.run(read, write, proxy.options())
+        yield proxy
         group.cancel_scope.cancel()
+
+
+async def serve_stdio(
+    connect: Callable[[TaskHandle], AbstractAsyncContextManager[Proxy]], task: TaskHandle
+) -> None:
+    """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
+    async with connect(task) as proxy, stdio() as (read, write):
+        await proxy.server.run(read, write, proxy.options())

@@ -1,0 +1,327 @@
+"""MCP clients over streamable HTTP (`spillbox mcp proxy --listen 127.0.0.1:PORT`): each
+MCP session is one client connection, as a stdio process is, with its own task, upstream
+and gate.
+
+    listen = parse_listen("127.0.0.1:8931")
+    await serve_http(listen, open_task, connect)   # until cancelled (or SIGINT/SIGTERM)
+
+The SDK's session manager serves one Server for all sessions, but a proxy is one per
+session (its upstream, its task, its tool names), so sessions are routed here, each to the
+SDK's own transport for one session (StreamableHTTPServerTransport: the session id, POST,
+GET and DELETE, JSON-RPC over SSE). Before any of that, every request's Host and Origin are
+checked (DNS rebinding: a page in a browser must not reach sandbox_exec): another origin
+gets 403, another host 421. A request whose MCP-Protocol-Version this server does not
+speak gets 400, an unknown or ended session 404.
+
+A session ends when its client deletes it, when it has had no request in flight for
+session_timeout seconds, or when the server stops; its upstream is then stopped and its
+task closed, which applies the task's retention (keep_after_close).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import mcp_types as types
+import uvicorn
+from mcp.server.runner import serve_loop
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    RequestBodyLimitMiddleware,
+    TransportSecurityMiddleware,
+    TransportSecuritySettings,
+)
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from spillbox.errors import ConfigError
+from spillbox.mcp.proxy import Proxy
+from spillbox.protocols import TaskHandle
+
+ENDPOINT = "/mcp"
+DEFAULT_SESSION_TIMEOUT_SECONDS = 1800.0
+"""A session with no request in flight (and no open GET stream) this long is ended."""
+SHUTDOWN_GRACE_SECONDS = 5
+"""On SIGINT or SIGTERM, how long requests in flight (and open SSE streams) are given."""
+BACKLOG = 128
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+OpenTask = Callable[[], AbstractContextManager[TaskHandle]]
+"""Opens the task of a new session (blocking: run in a worker thread); closing it applies
+the task's retention."""
+Connect = Callable[[TaskHandle], AbstractAsyncContextManager[Proxy]]
+"""A proxy for one session's task, its upstream started, stopped when the session ends."""
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where to serve: a loopback host and a port (0: any free port)."""
+
+    host: str
+    port: int
+    allowed_origins: Sequence[str] = ()
+    """Origins besides this server's own that may send requests (a browser-based client)."""
+
+    def security(self, port: int) -> TransportSecuritySettings:
+        """Host and Origin checks for the port actually bound."""
+        names = ["127.0.0.1", "localhost", "[::1]"]
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[f"{name}:{port}" for name in names],
+            allowed_origins=[*(f"http://{name}:{port}" for name in names), *self.allowed_origins],
+        )
+
+
+def parse_listen(value: str, allowed_origins: Sequence[str] = ()) -> Listen:
+    """HOST:PORT, where HOST is a loopback address: spillbox serves no authentication, so
+    serving sandbox_exec to the network would hand it to anyone who can connect."""
+    host, _, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--listen {value}: give HOST:PORT, for example 127.0.0.1:8931")
+    if not _loopback(host):
+        raise ConfigError(
+            f"--listen {value}: spillbox serves MCP on a loopback address only (127.0.0.1, "
+            "::1 or localhost), since it has no authentication; put an authenticating "
+            "proxy in front of it to serve others"
+        )
+    for origin in allowed_origins:
+        if not origin.startswith(("http://", "https://")) or origin.count("/") != 2:
+            raise ConfigError(
+                f"--allow-origin {origin}: give an origin, scheme and host (and port) only, "
+                "for example http://localhost:6274"
+            )
+    return Listen(host, int(port), tuple(allowed_origins))
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Sessions:
+    """The ASGI app: one proxy per MCP session, routed by the session id header."""
+
+    def __init__(
+        self,
+        open_task: OpenTask,
+        connect: Connect,
+        security: TransportSecuritySettings,
+        group: anyio.abc.TaskGroup,
+        session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+    ) -> None:
+        self.open_task = open_task
+        self.connect = connect
+        self.security = security
+        self.checks = TransportSecurityMiddleware(security)
+        self.group = group
+        self.session_timeout = session_timeout
+        self.live: dict[str, StreamableHTTPServerTransport] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        refused = await self.checks.validate_request(request)  # Host and Origin
+        if refused is None and scope["path"] != ENDPOINT:
+            refused = Response(f"Not Found: MCP is served at {ENDPOINT}", status_code=404)
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        if refused is None and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            refused = _error(
+                f"Bad Request: unsupported {MCP_PROTOCOL_VERSION_HEADER} {version!r}; this "
+                f"server speaks {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}",
+                400,
+            )
+        session_id = request.headers.get(MCP_SESSION_ID_HEADER)
+        if refused is not None:
+            await refused(scope, receive, send)
+        elif session_id is None:
+            await self._open(scope, receive, send)
+        elif (transport := self.live.get(session_id)) is None:
+            await _error("Not Found: no such session (it ended); initialize a new one", 404)(
+                scope, receive, send
+            )
+        else:
+            await transport.handle_request(scope, receive, send)
+            if transport.is_terminated:
+                self.live.pop(session_id, None)
+
+    async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request without a session id: an initialize opens a session, with its task;
+        anything else is refused before a task is opened for it."""
+        body = await Request(scope, receive).body()
+        if not _is_initialize(body):
+            refused = _error("Bad Request: no Mcp-Session-Id; send initialize first", 400)
+            await refused(scope, receive, send)
+            return
+        try:
+            task = await anyio.to_thread.run_sync(self.open_task)
+        except Exception as e:  # noqa: BLE001 - the client is told; the server goes on
+            message = f"spillbox could not open the session's task: {e}"
+            print(f"spillbox: {message}", file=sys.stderr)
+            await _error(message, 500, types.INTERNAL_ERROR)(scope, receive, send)
+            return
+        transport = StreamableHTTPServerTransport(
+            mcp_session_id=uuid4().hex,
+            security_settings=self.security,
+            idle_timeout=self.session_timeout,
+        )
+        assert transport.mcp_session_id is not None
+        self.live[transport.mcp_session_id] = transport
+        established = False
+        try:
+            await self.group.start(self._serve, transport, task)
+            status = await _status(transport.handle_request, scope, _replay(body, receive), send)
+            established = status is not None and status < 400
+        finally:
+            if not established:
+                with anyio.CancelScope(shield=True):
+                    await transport.terminate()
+
+    async def _serve(
+        self,
+        transport: StreamableHTTPServerTransport,
+        task: AbstractContextManager[TaskHandle],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve one session until it ends, then stop its upstream and close its task."""
+        session_id = transport.mcp_session_id
+        try:
+            async with transport.connect() as (read, write):
+                task_status.started()
+                idle = transport.idle_scope or anyio.CancelScope()
+                with idle:
+                    async with self.connect(task.__enter__()) as proxy:
+                        server = proxy.server
+                        async with server.lifespan(server) as state:
+                            await serve_loop(
+                                server,
+                                read,
+                                write,
+                                lifespan_state=state,
+                                session_id=session_id,
+                                init_options=proxy.options(),
+                            )
+        finally:
+            assert session_id is not None
+            self.live.pop(session_id, None)
+            with anyio.CancelScope(shield=True):
+                await transport.terminate()
+                await anyio.to_thread.run_sync(task.__exit__, None, None, None)
+
+
+async def serve_http(
+    listen: Listen,
+    open_task: OpenTask,
+    connect: Connect,
+    session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+) -> None:
+    """Serve MCP sessions at http://HOST:PORT/mcp until cancelled or sent SIGINT/SIGTERM;
+    then end every session (upstreams stopped, tasks closed)."""
+    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((listen.host, listen.port))
+        sock.listen(BACKLOG)  # connections wait from now, not refused while uvicorn starts
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"--listen {listen.host}:{listen.port}: {e.strerror}") from None
+    port = sock.getsockname()[1]
+    async with anyio.create_task_group() as group:
+        sessions = Sessions(open_task, connect, listen.security(port), group, session_timeout)
+        config = uvicorn.Config(
+            RequestBodyLimitMiddleware(sessions, DEFAULT_MAX_REQUEST_BODY_SIZE),
+            lifespan="off",
+            log_level="warning",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        )
+        server = _Server(config)
+        host = f"[{listen.host}]" if ":" in listen.host else listen.host
+        print(f"spillbox: serving MCP at http://{host}:{port}{ENDPOINT}", file=sys.stderr)
+        await server.serve(sockets=[sock])
+        group.cancel_scope.cancel()
+
+
+class _Server(uvicorn.Server):
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Stop serving on SIGINT or SIGTERM, and then return, so that the sessions end
+        (upstreams stopped, tasks closed): uvicorn's own raises the signal again, which
+        would end the process first."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _is_initialize(body: bytes) -> bool:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "initialize"
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The request's body again, for the transport, once this module has read it; then
+    the connection's own messages (its disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+def _error(message: str, status: int, code: int = types.INVALID_REQUEST) -> Response:
+    """A JSON-RPC error (id null) with an HTTP status, as the SDK's transport answers."""
+    body = types.JSONRPCError(
+        jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=message)
+    )
+    return Response(
+        body.model_dump_json(by_alias=True, exclude_unset=True),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+async def _status(app: Any, scope: Scope, receive: Receive, send: Send) -> int | None:
+    """Run app for one request; the HTTP status it answered with (None: no answer)."""
+    status: int | None = None
+
+    async def watch(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        await send(message)
+
+    await app(scope, receive, watch)
+    return status
