@@ -185,6 +185,17 @@ def compact_history(
     return out
 
 
+def tool_results(messages: Sequence[Mapping[str, Any]]) -> list[ToolResult]:
+    """The tool results in a conversation (any of the three shapes), oldest first, with
+    their tools' names: what a provider's compaction or clearing would take away."""
+    listed = [dict(m) for m in messages]
+    names = _call_names(listed)
+    return [
+        ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), _text_of(holder[key]))
+        for holder, key, call_id in _result_slots(listed)
+    ]
+
+
 def _result_slots(messages: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, str]]:
     """(the dict holding a tool result, its key, the call id), oldest first."""
     for message in messages:
