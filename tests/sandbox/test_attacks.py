@@ -21,6 +21,7 @@ import pytest
 
 from spillbox import Harness, SpillboxError, Task, ToolResult
 from spillbox.sandbox.docker import (
+    ENGINE_USER,
     LABEL_EXPIRES,
     LABEL_HOME,
     LABEL_OWNER,
@@ -204,6 +205,59 @@ print(json.dumps(out))
     assert "wrote" not in found.values() and "made" not in found.values(), found
 
 
+FILL_WORK = """
+import errno, json, os
+out = {{"written_mib": 0}}
+try:
+    with open("/sandbox/work/fill", "wb", buffering=0) as f:
+        block = bytes(1 << 20)
+        for _ in range({over}):
+            f.write(block)
+            out["written_mib"] += 1
+    out["error"] = None
+except OSError as e:
+    out["error"] = errno.errorcode[e.errno]
+    out["message"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+def storage_bytes(root: Path) -> int:
+    return sum(
+        os.lstat(os.path.join(folder, name)).st_size
+        for folder, _, files in os.walk(root)
+        for name in files
+    )
+
+
+def test_a_script_cannot_write_past_the_work_cap_nor_onto_the_hosts_disk(
+    task: Task, harness: Harness, docker_client: Any
+) -> None:
+    """Every folder a script can write is a tmpfs with a size cap: a write past it fails at
+    once (ENOSPC), in a script and in a query's COPY alike, and nothing reaches the host's
+    disk: not the task's storage, not the container's own layer."""
+    assert isinstance(harness.backend, DockerBackend)
+    cap = harness.backend.options.work_size
+    assert cap.endswith("m")
+    over = 2 * int(cap[:-1])  # MiB: twice the cap
+    found = probe(task, FILL_WORK.format(over=over), timeout=120)
+    assert found["error"] == "ENOSPC", found
+    assert found["message"] == "No space left on device"
+    assert int(cap[:-1]) - 8 <= found["written_mib"] <= int(cap[:-1]), found
+    copy = task.exec(
+        "sql", "COPY (SELECT repeat('x', 1000) AS pad FROM range(300000)) TO '/sandbox/work/q.csv'"
+    )
+    assert copy.exit_code != 0 and "No space left on device" in copy.stderr, copy.stderr
+    [listed] = docker_client.api.containers(size=True, filters={"label": task_labels(task)})
+    layer = listed.get("SizeRw") or 0
+    assert layer < 1 << 20, layer
+    assert storage_bytes(task.storage.root) < 1 << 20
+    # The task goes on: freeing the folder frees the cap.
+    freed = task.exec("sh", "rm /sandbox/work/fill /sandbox/work/q.csv; echo ok > /sandbox/work/f")
+    assert freed.exit_code == 0, freed.stderr
+    assert task.exec("sh", "cat /sandbox/work/f").text.strip() == "ok"
+
+
 def test_scripts_run_unprivileged(task: Task) -> None:
     found = probe(
         task,
@@ -240,16 +294,22 @@ print(json.dumps(out))
     assert found["su"] != "0", found["su"]
 
 
-def test_a_setuid_root_binary_gives_no_privilege(task: Task) -> None:
-    """Even a setuid-root program in the (not nosuid) work mount runs as the script uid."""
-    copied = task.exec("sh", "cp /usr/bin/id /sandbox/work/suid-id")
-    assert copied.exit_code == 0, copied.stderr
-    planted = task.storage.work / "suid-id"
-    os.chown(planted, 0, 0)
-    planted.chmod(0o4755)  # chown clears the setuid bit
+def test_a_program_planted_in_work_does_not_run_even_setuid(task: Task, harness: Harness) -> None:
+    """A setuid program of the engine's uid (the only other uid that can write the work
+    folder; root cannot, with no capabilities) planted in work does not run at all: the
+    folder is noexec and nosuid (and no-new-privileges holds besides). The image has no
+    setuid program."""
+    assert isinstance(harness.backend, DockerBackend)
+    container = harness.backend.container(task.storage)
+    planted = container.exec_run(
+        ["sh", "-c", "cp /usr/bin/id /sandbox/work/suid-id && chmod 4755 /sandbox/work/suid-id"],
+        user=ENGINE_USER,
+    )
+    assert planted.exit_code == 0, planted.output
     result = task.exec("sh", "/sandbox/work/suid-id -u")
-    assert result.exit_code == 0, result.stderr
-    assert result.text.strip() == str(SCRIPT_UID)
+    assert result.exit_code == 126 and "Permission denied" in result.stderr, result
+    as_script = task.exec("sh", "cp /usr/bin/id /sandbox/work/own-id && /sandbox/work/own-id")
+    assert as_script.exit_code == 126, as_script
 
 
 def test_a_script_cannot_kill_init_or_the_sql_engine(task: Task) -> None:
@@ -335,7 +395,10 @@ needles = [bytes.fromhex(h) for h in {[n.encode().hex() for n in needles]!r}]
 host_path = needles[1].decode()
 out = {{"listing": {{}}, "opened": {{}}, "hits": []}}
 for folder in ["/sandbox", "/sandbox/offload", "/sandbox/work", "/sandbox/cache"]:
-    out["listing"][folder] = sorted(os.listdir(folder))
+    try:
+        out["listing"][folder] = sorted(os.listdir(folder))
+    except OSError as e:
+        out["listing"][folder] = e.strerror
 for guess in [host_path, "/sandbox/offload/" + needles[3].decode(),
               "/sandbox/offload/../../" + host_path.lstrip("/"),
               "/proc/1/root" + host_path, "/proc/1/root/sandbox/offload/" + needles[3].decode()]:
@@ -364,6 +427,7 @@ print(json.dumps(out))
 """,
         )
         assert found["listing"]["/sandbox/offload"] == [mine.artifact.name]
+        assert found["listing"]["/sandbox/cache"] == "Permission denied"
         assert theirs.artifact.name not in json.dumps(found["listing"])
         assert "No such file or directory" in found["opened"].values()
         assert all(isinstance(v, str) for v in found["opened"].values()), found["opened"]
@@ -549,7 +613,7 @@ def test_a_script_that_outlives_its_timeout_is_killed_with_its_children(task: Ta
     result = task.exec("sh", ESCAPES, timeout=2)
     assert result.timed_out
     assert result.exit_code != 0
-    escaped = sorted(p.name for p in task.storage.work.glob("escaped-*"))
+    escaped = task.exec("sh", "cd /sandbox/work && echo escaped-*").text.split()
     assert escaped == [  # every escape did start, so their absence below means they were killed
         "escaped-double-fork",
         "escaped-nohup",
@@ -580,8 +644,8 @@ def test_the_host_never_follows_a_planted_symlink(task: Task, tmp_path: Path) ->
         f" && ln -s {target} /sandbox/work/sub/nested-link && cd /sandbox/work && ls",
     )
     assert planted.exit_code == 0, planted.stderr
-    assert (task.storage.work / "file-link").is_symlink()
     assert [row.name for row in task.artifacts()] == [admitted.artifact.name]
+    task.delete("c1")  # deleting its derived copies walks the work folder
     root = task.storage.root
     task.close(delete=True)
     assert not root.exists()
@@ -627,12 +691,14 @@ print(json.dumps({"present": [s for s in sockets if os.path.exists(s)],
     container.reload()
     attrs = container.attrs
     storage = task.storage
-    allowed = {str(storage.offload), str(storage.work), str(storage.cache)}
+    allowed = {str(storage.offload), str(storage.cache)}
     mounts = attrs["Mounts"]
     assert {m["Source"] for m in mounts} == allowed, mounts
     assert all(m["Type"] == "bind" for m in mounts)
     assert [m["RW"] for m in mounts if m["Source"] == str(storage.offload)] == [False]
     host = attrs["HostConfig"]
+    assert sorted(host["Tmpfs"]) == ["/sandbox/work", "/tmp"]
+    assert all("size=" in options for options in host["Tmpfs"].values())
     assert not host.get("PortBindings") and not attrs["NetworkSettings"].get("Ports")
     assert host["NetworkMode"] == "none"
     assert not host["Privileged"] and not host.get("CapAdd") and host["CapDrop"] == ["ALL"]
@@ -672,7 +738,7 @@ def test_hostile_sql_is_refused(task: Task) -> None:
     assert not (task.storage.cache / "out.csv").exists()
     allowed = task.exec("sql", "COPY (SELECT 1 AS x) TO '/sandbox/work/out.csv'")
     assert allowed.exit_code == 0, allowed.stderr  # the refusals above are not a broken engine
-    assert (task.storage.work / "out.csv").read_text().split() == ["x", "1"]
+    assert task.exec("sh", "cat /sandbox/work/out.csv").text.split() == ["x", "1"]
 
 
 SWAP_DIR_FOR_SYMLINK = """
@@ -690,9 +756,9 @@ done
 def test_deleting_an_artifact_never_follows_a_symlink_swapped_into_work(
     task: Task, tmp_path: Path
 ) -> None:
-    """Deleting an artifact also deletes its copies in work/; a script that swaps a folder
-    of work/ for a symlink between the host's listing and its unlink must not make the host
-    delete a file outside the task (here one whose bytes the script knows)."""
+    """Deleting an artifact also deletes its copies in /sandbox/work; a script that swaps a
+    folder there for a symlink between the deletion's listing and its unlink must not make
+    it delete a file outside the task (here one whose bytes the script knows)."""
     known = "".join(f"line {i} of a host file whose bytes are public\n" for i in range(800))
     victim = tmp_path / "host-folder" / "copy"
     victim.parent.mkdir()
@@ -720,7 +786,7 @@ def test_deleting_an_artifact_never_follows_a_symlink_swapped_into_work(
                     task.delete("known")
                 task.admit([ToolResult(call_id="known", tool="t", content=known)])
         finally:
-            (task.storage.work / "stop").touch()
+            task.exec("sh", "touch /sandbox/work/stop")
         assert swapping.result().exit_code == 0
     assert victim.exists(), "the host followed a symlink planted in work/ and deleted a host file"
     assert victim.read_text() == known

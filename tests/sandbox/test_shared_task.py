@@ -327,7 +327,7 @@ def test_sql_cannot_change_or_drop_an_artifact_table(task_with_tables: Any) -> N
     # either time; and an exported query result is a file, which is what COPY is for.
     exported = task.exec("sql", "COPY (SELECT id FROM \"prs\" LIMIT 3) TO '/sandbox/work/x.csv'")
     assert exported.exit_code == 0, exported.stderr
-    assert (task.storage.work / "x.csv").read_text().split() == ["id", "0", "1", "2"]
+    assert task.exec("sh", "cat /sandbox/work/x.csv").text.split() == ["id", "0", "1", "2"]
 
 
 LONG_QUERY = 'SELECT max(hash(a.id, b.id, c.id)) FROM "big" a, "big" b, "big" c'

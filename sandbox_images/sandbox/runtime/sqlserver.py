@@ -74,6 +74,8 @@ READING_STATEMENTS = {"SELECT", "EXPLAIN", "COPY", "PRAGMA", "CALL"}
 """Statement kinds SQL may run (COPY writes only files, under /sandbox/work); the rest can
 only change the database and are refused."""
 FETCH_ROWS = 2048
+SPILL_CAP = "1GiB"
+"""Most a query may spill to disk (DuckDB's temporary files, in /sandbox/cache)."""
 START_SECONDS = 60.0
 """How long a relay waits for an engine it started to answer."""
 CHECK_SECONDS = 5.0
@@ -169,13 +171,19 @@ def _log_tail() -> str:
 def serve() -> None:
     import duckdb
 
-    os.umask(0o077)  # tables, log and socket: the engine's uid only
+    # The cache folder (tables, log, socket) is the engine uid's alone (mode 0700, set by
+    # the host), so its files need no mode of their own; what a query writes into
+    # /sandbox/work (COPY ... TO) is for the scripts' group to read and delete.
+    os.umask(0o007)
     con = duckdb.connect(DATABASE)
     con.execute(f"SET allowed_directories=['{OFFLOAD}/', '{WORK}/']")
     con.execute("SET enable_external_access=false")
     con.execute("SET autoinstall_known_extensions=false")
     con.execute("SET autoload_known_extensions=false")
     con.execute(f"SET threads={max(os.cpu_count() or 1, 1)}")
+    # A query larger than memory spills to <database>.tmp, in the cache on the host's disk:
+    # capped, so a query cannot fill the disk (past the cap it fails with a clear error).
+    con.execute(f"SET max_temp_directory_size='{SPILL_CAP}'")
     con.execute("SET lock_configuration=true")
     con.execute(f"CREATE TABLE IF NOT EXISTS {LOADED} (name VARCHAR PRIMARY KEY, stamp VARCHAR)")
     loader = Loader()
@@ -199,9 +207,7 @@ def serve() -> None:
                 pass
             return  # the cache was cleared or another engine took over: nobody can reach us
         client.settimeout(None)
-        threading.Thread(
-            target=answer, args=(con.cursor(), client, loader), daemon=True
-        ).start()
+        threading.Thread(target=answer, args=(con.cursor(), client, loader), daemon=True).start()
 
 
 def answer(cursor: DuckDBPyConnection, client: socket.socket, loader: Loader) -> None:
@@ -254,20 +260,14 @@ class Loader:
     def _load(self, cursor: DuckDBPyConnection, stem: str, name: str, ext: str) -> None:
         info = os.stat(os.path.join(OFFLOAD, name))
         stamp = f"{info.st_size}:{info.st_mtime_ns}"
-        found = cursor.execute(
-            f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]
-        ).fetchone()
+        found = cursor.execute(f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]).fetchone()
         if found is not None and found[0] == stamp:
             return
         reader = READERS[ext].format(path=os.path.join(OFFLOAD, name).replace("'", "''"))
         cursor.execute("BEGIN TRANSACTION")
         try:
-            cursor.execute(
-                f"CREATE OR REPLACE TABLE {quote(stem)} AS SELECT * FROM {reader}"
-            )
-            cursor.execute(
-                f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp]
-            )
+            cursor.execute(f"CREATE OR REPLACE TABLE {quote(stem)} AS SELECT * FROM {reader}")
+            cursor.execute(f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp])
             cursor.execute("COMMIT")
         except BaseException:
             cursor.execute("ROLLBACK")
@@ -307,9 +307,7 @@ def rewrite_paths(cursor: DuckDBPyConnection, sql: str) -> str:
     table, where the table holds exactly what that read returns."""
     if f"{OFFLOAD}/" not in sql:
         return sql
-    found = cursor.execute(
-        "SELECT json_serialize_sql(?)", [sql]
-    ).fetchone()
+    found = cursor.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
     tree = json.loads(found[0])
     if tree.get("error"):
         return sql  # not only SELECTs: run as written
@@ -386,7 +384,9 @@ def _artifact_table(path: str, function: str | None) -> str | None:
     return stem
 
 
-def run(cursor: DuckDBPyConnection, loader: Loader, request: dict[str, object]) -> dict[str, object]:
+def run(
+    cursor: DuckDBPyConnection, loader: Loader, request: dict[str, object]
+) -> dict[str, object]:
     import duckdb
 
     sql = str(request["sql"])
@@ -411,8 +411,7 @@ def run(cursor: DuckDBPyConnection, loader: Loader, request: dict[str, object]) 
                     if out.tell() > max_bytes:
                         truncated = True
                         stderr.append(
-                            f"output over {max_bytes} bytes was cut: aggregate, filter or add "
-                            "LIMIT"
+                            f"output over {max_bytes} bytes was cut: aggregate, filter or add LIMIT"
                         )
                         break
         finally:

@@ -1,8 +1,10 @@
 """The Docker backend: one hardened container per task.
 
-The task's storage is bind-mounted: offload/ read-only at /sandbox/offload, work/ at
-/sandbox/work, cache/ at /sandbox/cache. The host writes payloads straight into
-offload/, so an offload never waits for the container, which starts in the background.
+The task's storage is bind-mounted: offload/ read-only at /sandbox/offload, cache/ (the
+SQL engine's alone) at /sandbox/cache. The host writes payloads straight into offload/, so
+an offload never waits for the container, which starts in the background. What scripts
+write (/sandbox/work, /tmp) lives in size-capped tmpfs folders of the container, never on
+the host's disk.
 
     backend = DockerBackend(Path("~/.spillbox").expanduser())
     storage = backend.storage("t1"); backend.create(storage)
@@ -37,13 +39,20 @@ from spillbox.sandbox.docker.backend import (
     cleanup_home,
     connect,
 )
-from spillbox.sandbox.docker.layout import ENGINE_UID, OFFLOAD_MOUNT, SANDBOX_GID, SCRIPT_UID
+from spillbox.sandbox.docker.layout import (
+    ENGINE_UID,
+    ENGINE_USER,
+    OFFLOAD_MOUNT,
+    SANDBOX_GID,
+    SCRIPT_UID,
+)
 from spillbox.sandbox.docker.outcome import Outcome
 from spillbox.sandbox.docker.session import TaskSandbox
 from spillbox.sandbox.docker.stream import OUTPUT_TAIL_BYTES
 
 __all__ = [
     "ENGINE_UID",
+    "ENGINE_USER",
     "LABEL_EXPIRES",
     "LABEL_HOME",
     "LABEL_IMAGE",

@@ -30,6 +30,7 @@ from spillbox.sandbox.docker.layout import (
     CACHE_MOUNT,
     ENGINE_UID,
     ENGINE_USER,
+    FORGET_SCRIPT,
     OFFLOAD_MOUNT,
     SANDBOX_GID,
     SCRIPT_UID,
@@ -60,6 +61,7 @@ DEFAULT_MEMORY = "1g"
 DEFAULT_PIDS = 256
 DEFAULT_CPUS = 1.0
 DEFAULT_TMP_SIZE = "64m"
+DEFAULT_WORK_SIZE = "256m"
 DEFAULT_EXPIRY = timedelta(days=7)
 DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 MAX_CODE_BYTES = 256 * 1024
@@ -79,7 +81,8 @@ class SandboxOptions:
     network: bool = False
     """Give the container a network (default: none at all)."""
     read_only_root: bool = True
-    """Mount the image's filesystem read-only; only /tmp, /sandbox/work and cache are writable."""
+    """Mount the image's filesystem read-only; only /tmp, /sandbox/work and cache are writable
+    (by scripts: /tmp and /sandbox/work, both size-capped tmpfs)."""
     memory: str = DEFAULT_MEMORY
     """Memory limit (swap included)."""
     pids: int = DEFAULT_PIDS
@@ -87,6 +90,10 @@ class SandboxOptions:
     cpus: float = DEFAULT_CPUS
     tmp_size: str = DEFAULT_TMP_SIZE
     """Size cap of the /tmp tmpfs."""
+    work_size: str = DEFAULT_WORK_SIZE
+    """Size cap of /sandbox/work, a tmpfs: a write past it fails at once with ENOSPC. Its
+    files live in the container's memory, so they also count against `memory`, and last as
+    long as the container."""
     runtime: str | None = None
     """An OCI runtime, e.g. "runsc" for gVisor where the engine has it."""
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
@@ -134,12 +141,10 @@ class DockerBackend(SandboxBackend):
         return f"spillbox-{home_digest}-{safe_name(storage.task_id)}"
 
     def create(self, storage: TaskStorage) -> None:
-        """Prepare the task's storage for the sandbox's two uids."""
+        """Prepare the task's storage for the engine's uid (scripts write only to tmpfs)."""
         storage.ensure()
-        os.chown(storage.work, SCRIPT_UID, SANDBOX_GID)
         os.chown(storage.cache, ENGINE_UID, SANDBOX_GID)
-        os.chmod(storage.work, 0o770)
-        os.chmod(storage.cache, 0o750)
+        os.chmod(storage.cache, 0o700)  # scripts can neither reach the engine nor its tables
 
     def sandbox(self, storage: TaskStorage) -> TaskSandbox:
         """The task's TaskSandbox, made on first use."""
@@ -194,26 +199,27 @@ class DockerBackend(SandboxBackend):
                 container.remove(force=True, v=True)
 
     def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
-        """Stop every SQL engine of the task (any process's: they hold the tables open) and
-        delete what scripts left in the container's /tmp since the payload was created,
-        then what the host holds; the next query starts an engine that reloads what is left."""
+        """Stop every SQL engine of the task (any process's: they hold the tables open),
+        delete what scripts may have made of the payload in the container's /sandbox/work
+        and /tmp (forget.py: copies of its bytes, and everything changed since it was
+        created), then the engine's tables; the next query starts an engine that reloads
+        what is left."""
         self.release(storage)
         with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 if container.status != "running":
-                    continue  # a stopped container's /tmp (a tmpfs) is gone with it
+                    continue  # a stopped container's tmpfs folders are gone with it
                 kill_engines(container)
                 try:
                     container.exec_run(
-                        ["find", "/tmp", "-xdev", "-mindepth", "1", "-newerct",
-                         f"@{int(since)}", "-delete"],
+                        ["python3", FORGET_SCRIPT, f"{since:f}", sha256, str(size)],
                         user=SCRIPT_USER,
-                    )  # fmt: skip
+                    )
                 except DOCKER_FAILURES as failure:
                     # Stopped since it was listed: nothing is left to delete.
                     if not stopped_under(failure, container, self.client):
                         raise
-        super().forget_derived(storage, sha256, size, since)
+        storage.clear_cache()
 
     def sweep(
         self, unused: Callable[[str], AbstractContextManager[bool]], dry_run: bool
@@ -295,9 +301,13 @@ class DockerBackend(SandboxBackend):
         }
         volumes = {
             str(storage.offload): {"bind": OFFLOAD_MOUNT, "mode": "ro"},
-            str(storage.work): {"bind": WORK_MOUNT, "mode": "rw"},
             str(storage.cache): {"bind": CACHE_MOUNT, "mode": "rw"},
         }
+        # Every folder a script can write is a tmpfs with a size cap, which the kernel (or
+        # gVisor's) enforces as the write happens: a script cannot fill the host's disk.
+        # uid/gid/mode: gVisor makes a tmpfs root-owned 1777 otherwise (runc copies the
+        # image folder's owner and mode, which the Dockerfile sets alike).
+        work = f"uid={SCRIPT_UID},gid={SANDBOX_GID},mode=0770"
         run_options: dict[str, Any] = {
             "name": name,
             "detach": True,
@@ -313,7 +323,10 @@ class DockerBackend(SandboxBackend):
             "mem_limit": options.memory,
             "memswap_limit": options.memory,
             "nano_cpus": int(options.cpus * 1e9),
-            "tmpfs": {"/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}"},
+            "tmpfs": {
+                "/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}",
+                WORK_MOUNT: f"rw,noexec,nosuid,nodev,size={options.work_size},{work}",
+            },
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             "ipc_mode": "private",
         }

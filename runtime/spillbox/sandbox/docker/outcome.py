@@ -84,7 +84,10 @@ END_MARKER = b"\x1espillbox:end\n"
 """run.sh's last stderr line: a script's runner that ended by itself, in a live sandbox."""
 OOM_MARKER = b"\x1espillbox:oom_killed\n"
 """run.sh's line before the end mark when the memory limit killed the script."""
-STOPPED_NOTE = b"spillbox: the sandbox stopped while the script ran; the next exec restarts it\n"
+STOPPED_NOTE = (
+    b"spillbox: the sandbox stopped while the script ran; the next exec restarts it, with "
+    b"an empty /sandbox/work (the payloads stay)\n"
+)
 
 
 class Outcome(Flag):
