@@ -138,11 +138,15 @@ async def test_crash_mid_call_gives_an_error_result_and_spillbox_tools_stay(
     params = proxy_params(home, npm_server(npm_servers, "mcp-server-everything", "stdio"))
     params.env = {**os.environ, "SPILLBOX_TEST_MARKER": marker}
     started = anyio.Event()
+    logged: list[str] = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         started.set()
 
-    async with connect(params) as session:
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(str(params.data))
+
+    async with connect(params, logging_callback=on_log) as session:
         result: types.CallToolResult | None = None
 
         async def long_call() -> None:
@@ -160,7 +164,7 @@ async def test_crash_mid_call_gives_an_error_result_and_spillbox_tools_stay(
             [pid] = processes_with(marker)
             os.kill(pid, signal.SIGKILL)
         assert result is not None and result.is_error
-        assert "exited" in text_of(result)
+        assert "was killed by signal 9 (SIGKILL)" in text_of(result), text_of(result)
         with anyio.fail_after(10):
             while True:  # the proxy notices the exit, then lists spillbox's tools alone
                 names = [tool.name for tool in (await session.list_tools()).tools]
@@ -168,6 +172,7 @@ async def test_crash_mid_call_gives_an_error_result_and_spillbox_tools_stay(
                     break
                 await anyio.sleep(0.1)
         assert names == ["read_artifact", "list_artifacts"]
+        assert any("was killed by signal 9 (SIGKILL)" in line for line in logged), logged
         listed = await session.call_tool("list_artifacts", {})
         assert not listed.is_error and json.loads(text_of(listed)) == []
 

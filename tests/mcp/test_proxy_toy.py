@@ -84,6 +84,31 @@ async def test_a_call_left_unanswered_is_cancelled_upstream_after_the_timeout(
         assert text_of(await session.call_tool("echo", {"text": "still here"})) == "still here"
 
 
+async def test_an_upstream_that_exits_mid_call_is_reported_with_its_exit_status(
+    home: Path,
+) -> None:
+    async with connect(proxy_params(home, toy_server())) as session:
+        result = await session.call_tool("exit", {"status": 3})
+        stored = await session.call_tool("list_artifacts", {})
+    assert result.is_error
+    assert "exited with status 3 during this call" in text_of(result), text_of(result)
+    assert not stored.is_error
+
+
+async def test_the_clients_ping_reaches_the_upstream_and_is_answered_after_it_exits(
+    home: Path, tmp_path: Path
+) -> None:
+    pinged = tmp_path / "pinged"
+    async with connect(proxy_params(home, toy_server("--pinged", str(pinged)))) as session:
+        await session.send_ping()
+        await session.send_ping()
+        reached = await anyio.Path(pinged).read_text()
+        await session.call_tool("exit", {"status": 0})
+        after_exit = await session.send_ping()
+    assert reached == "ping\nping\n"
+    assert after_exit == types.EmptyResult()
+
+
 async def test_the_clients_cancel_reaches_the_upstream(home: Path, tmp_path: Path) -> None:
     cancelled = tmp_path / "cancelled"
     async with connect(proxy_params(home, toy_server("--cancelled", str(cancelled)))) as session:

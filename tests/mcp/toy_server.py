@@ -3,14 +3,16 @@ server does on demand: a structuredContent much larger than its text, a call tha
 answers, a result of a given size, a call that takes a given time. The MCP benchmark
 (benchmarks/mcp_bench.py) uses it as its upstream too.
 
-    python toy_server.py [--cancelled FILE]
+    python toy_server.py [--cancelled FILE] [--pinged FILE]
 
 --cancelled FILE: a call of `never` that is cancelled writes its request id to FILE.
+--pinged FILE: each ping the server answers adds a line to FILE.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,11 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"size": {"type": "integer"}}},
     ),
     types.Tool(
+        name="exit",
+        description="Exits the server at once with `status`.",
+        input_schema={"type": "object", "properties": {"status": {"type": "integer"}}},
+    ),
+    types.Tool(
         name="sleep",
         description="Answers `text` after `seconds`.",
         input_schema={
@@ -63,6 +70,7 @@ def blob(size: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cancelled", type=Path)
+    parser.add_argument("--pinged", type=Path)
     options = parser.parse_args()
 
     async def list_tools(
@@ -92,13 +100,25 @@ def main() -> None:
         if params.name == "blob":
             text = blob(int(args["size"]))
             return types.CallToolResult(content=[types.TextContent(text=text)])
+        if params.name == "exit":
+            os._exit(int(args.get("status", 0)))
         if params.name == "sleep":
             await anyio.sleep(float(args.get("seconds", 0)))
             text = str(args.get("text", "done"))
             return types.CallToolResult(content=[types.TextContent(text=text)])
         raise ValueError(f"unknown tool {params.name}")
 
-    server: Server[Any] = Server("toy", on_list_tools=list_tools, on_call_tool=call_tool)
+    async def ping(
+        ctx: ServerRequestContext[Any, Any], params: types.RequestParams
+    ) -> types.EmptyResult:
+        if options.pinged is not None:
+            with options.pinged.open("a") as pinged:
+                pinged.write("ping\n")
+        return types.EmptyResult()
+
+    server: Server[Any] = Server(
+        "toy", on_list_tools=list_tools, on_call_tool=call_tool, on_ping=ping
+    )
 
     async def serve() -> None:
         async with stdio_server() as (read, write):

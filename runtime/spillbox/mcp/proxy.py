@@ -121,6 +121,7 @@ class Proxy:
                 if request.model_fields["params"].is_required():
                     params = request.model_fields["params"].annotation
                 server.add_request_handler(method, params, self._forward(request, result))
+            server.add_request_handler("ping", types.RequestParams, self._ping)
             server.add_notification_handler(
                 "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
             )
@@ -131,9 +132,8 @@ class Proxy:
         if self.upstream is None:
             return
         await self.upstream.exited.wait()
-        message = (
-            f"{self.upstream.gone}; spillbox's tools ({', '.join(self.local.names)}) still work"
-        )
+        gone = await self.upstream.settled()
+        message = f"{gone}; spillbox's tools ({', '.join(self.local.names)}) still work"
         print(f"spillbox: {message}", file=sys.stderr)
         self.upstream_tools = {}
         await self._to_client(
@@ -318,6 +318,19 @@ class Proxy:
             return await self.upstream.request(request(params=params), result, _progress(ctx))
 
         return handler
+
+    async def _ping(self, ctx: Ctx, params: types.RequestParams) -> types.EmptyResult:
+        """The client's ping goes to the upstream while there is one, so that it answers
+        for the server behind spillbox too; spillbox answers alone once it has exited.
+        (The upstream's pings are answered by the proxy's client session: the SDK gives
+        that no hook.)"""
+        assert self.upstream is not None
+        try:
+            return await self.upstream.request(types.PingRequest(), types.EmptyResult)
+        except MCPError as e:
+            if e.code != UPSTREAM_GONE:
+                raise
+            return types.EmptyResult()
 
     async def _roots_changed(self, ctx: Ctx, params: types.NotificationParams) -> None:
         assert self.upstream is not None

@@ -20,7 +20,7 @@ session, stdin closed, then the SDK's terminate_posix_process_tree).
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -76,11 +76,17 @@ def _error_for(error: Exception) -> types.JSONRPCError:
 
 
 @asynccontextmanager
-async def upstream_stdio(command: Sequence[str], env: Mapping[str, str]) -> AsyncIterator[Streams]:
-    """Start command with env and speak MCP over its stdin and stdout; stop it on exit."""
+async def upstream_stdio(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    started: Callable[[anyio.abc.Process], None] = lambda process: None,
+) -> AsyncIterator[Streams]:
+    """Start command with env and speak MCP over its stdin and stdout; stop it on exit.
+    started gets the process (for its exit status)."""
     process = await anyio.open_process(
         list(command), env=dict(env), stderr=sys.stderr, start_new_session=True
     )
+    started(process)
     read_send, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as group:

@@ -17,6 +17,7 @@ notifications/cancelled for it) and raises an MCPError with UPSTREAM_TIMEOUT.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -42,6 +43,19 @@ UPSTREAM_TIMEOUT = -32002
 """The JSON-RPC error code of a request the upstream left unanswered too long."""
 DEFAULT_UPSTREAM_TIMEOUT_SECONDS = 300.0
 """How long a request may go without its answer or a progress notification."""
+EXIT_STATUS_SECONDS = 1.0
+"""How long to wait for an exit status once the server's output has ended."""
+
+
+def exit_status(returncode: int) -> str:
+    """'exited with status 3', 'was killed by signal 9 (SIGKILL)'."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = f" ({signal.Signals(-returncode).name})"
+    except ValueError:
+        name = ""
+    return f"was killed by signal {-returncode}{name}"
 
 
 class Client:
@@ -84,12 +98,22 @@ class Upstream:
         self.on_notification = on_notification
         self.session: ClientSession | None = None
         self.exited = anyio.Event()
+        self.process: anyio.abc.Process | None = None
 
     @property
     def gone(self) -> str:
         if self.url is not None:
             return f"the upstream MCP server at {self.url} has closed the connection"
-        return f"the upstream MCP server ({' '.join(self.command)}) has exited"
+        status = self.process.returncode if self.process is not None else None
+        how = "has exited" if status is None else exit_status(status)
+        return f"the upstream MCP server ({' '.join(self.command)}) {how}"
+
+    async def settled(self) -> str:
+        """gone, once the process's exit status is known (its output may end first)."""
+        with anyio.move_on_after(EXIT_STATUS_SECONDS):
+            while self.process is not None and self.process.returncode is None:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        return self.gone
 
     async def start(
         self, group: anyio.abc.TaskGroup, client_params: types.InitializeRequestParams
@@ -125,7 +149,7 @@ class Upstream:
                 )
             except MCPError as e:
                 if e.code == types.CONNECTION_CLOSED:
-                    raise MCPError(UPSTREAM_GONE, self.gone) from None
+                    raise MCPError(UPSTREAM_GONE, await self.settled()) from None
                 raise
         raise MCPError(
             UPSTREAM_TIMEOUT,
@@ -150,7 +174,7 @@ class Upstream:
             # is what spillbox is there for.
             streamable_http_client(self.url, max_sse_event_size=None)
             if self.url is not None
-            else upstream_stdio(self.command, os.environ)
+            else upstream_stdio(self.command, os.environ, self._started)
         )
         async with streams as (read, write), anyio.create_task_group() as group:
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -163,6 +187,9 @@ class Upstream:
                 task_status.started(result)
                 await self.exited.wait()
             group.cancel_scope.cancel()
+
+    def _started(self, process: anyio.abc.Process) -> None:
+        self.process = process
 
     def _relays(self, client_params: types.InitializeRequestParams) -> dict[str, Any]:
         """Callbacks for what the client can do, so the server sees its capabilities."""
