@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -333,3 +334,14 @@ def test_a_message_changed_in_place_is_counted_again() -> None:
     assert budget.check(request, "chat_completions").route(
         "tool_results"
     ).used == OVERHEAD + tokens("short")
+
+
+def test_a_budget_counts_in_its_models_tokens() -> None:
+    text = RESULT
+    claude = Budget(window=100_000, model="claude-sonnet-4-6")
+    request = {"messages": [{"role": "user", "content": text}]}
+    used = claude.check(request, "anthropic").route("history").used
+    assert used == OVERHEAD + math.ceil(tokens(text) * 1.57)
+    gpt = Budget(window=100_000, model="gpt-5.4")
+    o200k = default_counter("o200k_base").count(text)
+    assert gpt.check(request, "chat_completions").route("history").used == OVERHEAD + o200k

@@ -3,7 +3,9 @@ threshold rather than by the payload."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import random
 import socket
 from pathlib import Path
@@ -13,13 +15,16 @@ import tiktoken.registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillbox import tokens
 from spillbox.errors import ConfigError
 from spillbox.tokens import (
     EXACT_TOTAL_CHARS,
+    ScaledCounter,
     TiktokenCounter,
     TokenCount,
     TokenCounter,
     count_within,
+    counter_for_model,
     default_counter,
     total,
 )
@@ -199,9 +204,9 @@ def test_missing_encoding_is_a_config_error_without_network(
     empty.mkdir()
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(empty))
     # tiktoken keeps loaded encodings in a registry; make sure this one is really loaded.
-    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "o200k_base", raising=False)
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "p50k_base", raising=False)
     with pytest.raises(ConfigError, match="TIKTOKEN_CACHE_DIR"):
-        TiktokenCounter("o200k_base")
+        TiktokenCounter("p50k_base")
     assert no_network == []
     assert list(empty.iterdir()) == []
 
@@ -221,3 +226,70 @@ def test_default_encoding_loads_offline(
             monkeypatch.delitem(tiktoken.registry.ENCODINGS, name)
     assert TiktokenCounter("cl100k_base").count("hello world") == 2
     assert no_network == []
+
+
+def test_o200k_base_loads_offline_from_its_package_and_is_sha256_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: list[object]
+) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # no cache: the bundled file is read
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "o200k_base", raising=False)
+    counter = TiktokenCounter("o200k_base")
+    # o200k_base's own ids for these words (cl100k_base gives [15339, 1917])
+    assert counter._encoding.encode_ordinary("hello world") == [24912, 2375]
+    assert no_network == []
+
+
+def test_a_corrupted_o200k_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: list[object]
+) -> None:
+    package, path, sha256 = tokens._BUNDLED_FILES["o200k_base.tiktoken"]
+    corrupted = gzip.compress(tokens._bundled_file("o200k_base.tiktoken").replace(b"IQ==", b"Ig=="))
+    copy = tmp_path / "fake_package"
+    (copy / "data").mkdir(parents=True)
+    (copy / "__init__.py").write_text("")
+    (copy / "data" / "o200k_base.tiktoken.gz").write_bytes(corrupted)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(
+        tokens._BUNDLED_FILES, "o200k_base.tiktoken", ("fake_package", path, sha256)
+    )
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "o200k_base", raising=False)
+    with pytest.raises(ConfigError, match="sha256"):
+        TiktokenCounter("o200k_base")
+    assert no_network == []
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("gpt-5.4", "o200k_base"),
+        ("gpt-4o-mini", "o200k_base"),
+        ("o3", "o200k_base"),
+        ("gpt-6-astra", "o200k_base"),
+        ("gpt-4", "cl100k_base"),
+        ("gpt-3.5-turbo", "cl100k_base"),
+        ("claude-sonnet-4-6", "cl100k_basex1.57"),
+        ("claude-haiku-4-5-20251001", "cl100k_basex1.57"),
+        ("claude-opus-4-7", "cl100k_basex2.08"),
+        ("claude-sonnet-5", "cl100k_basex2.08"),
+    ],
+)
+def test_each_model_counts_in_its_own_tokens(model: str, name: str) -> None:
+    assert counter_for_model(model).name == name
+
+
+def test_a_claude_factor_scales_cl100k_counts_and_is_configurable() -> None:
+    text = "The build failed in step seven because the cache key changed. " * 20
+    base = default_counter("cl100k_base").count(text)
+    assert counter_for_model("claude-sonnet-4-6").count(text) == math.ceil(base * 1.57)
+    mine = counter_for_model("claude-sonnet-4-6", {"claude-sonnet-*": 1.2})
+    assert mine.count(text) == math.ceil(base * 1.2)
+    with pytest.raises(ConfigError, match="no Claude token factor"):
+        counter_for_model("claude-opus-4-6", {"claude-sonnet-*": 1.2})
+    with pytest.raises(ConfigError, match="factor must be 1.0 or more"):
+        ScaledCounter(default_counter(), 0.5)
+
+
+def test_an_unknown_model_asks_for_a_counter() -> None:
+    with pytest.raises(ConfigError, match="pass a counter"):
+        counter_for_model("llama-3-70b")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 from spillbox.errors import ConfigError, SpillboxError
-from spillbox.tokens import TokenCounter, default_counter
+from spillbox.tokens import TokenCounter, counter_for_model, default_counter
 
 Provider = Literal["chat_completions", "responses", "anthropic"]
 PROVIDERS: tuple[str, ...] = get_args(Provider)
@@ -228,7 +228,8 @@ class Budget:
     gives them, to change one); reserve_output is the
     output route's limit. Renamed or dropped routes: kinds maps each kind of content
     (system, tools, history, tool_results, retrieved) to the route it counts against;
-    a kind whose route is dropped counts against history.
+    a kind whose route is dropped counts against history. model counts in that model's
+    own tokens (tokens.counter_for_model); counter overrides it.
     """
 
     def __init__(
@@ -238,13 +239,16 @@ class Budget:
         reserve_output: int | None = None,
         *,
         kinds: Mapping[str, str] | None = None,
+        model: str | None = None,
         counter: TokenCounter | None = None,
         route_of: RouteOf | None = None,
     ) -> None:
         if not _positive_int(window):
             raise ConfigError(f"window must be a positive number of tokens, got {window!r}")
         self.window = window
-        self.counter = counter or default_counter()
+        if counter is None:
+            counter = default_counter() if model is None else counter_for_model(model)
+        self.counter = counter
         self.route_of = route_of
         self._routes = _routes(window, routes, reserve_output)
         self.reserve_output = self._routes[OUTPUT].limit

