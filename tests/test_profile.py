@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ from api_shapes import SHAPES, at_least, github_search, graphql_pull_requests, s
 from spillbox.notice import describe
 from spillbox.profile import (
     PROFILE_BUDGET_BYTES,
+    SCAN_BUDGET_BYTES,
+    _scanned_object,
     _streamed_shape,
     loaded_shape,
     parse_path,
@@ -166,13 +169,81 @@ def test_an_estimated_count_is_rounded_to_two_digits(rows: int, expected: str) -
     assert expected in describe(shape_of(data))
 
 
-def test_large_object_reports_keys_seen_so_far() -> None:
+def test_a_large_object_within_the_scan_budget_has_every_key_named() -> None:
     data = json.dumps({f"key{i}": list(range(40)) for i in range(20_000)}).encode()
+    assert PROFILE_BUDGET_BYTES < len(data) <= SCAN_BUDGET_BYTES
     shape = shape_of(data)
-    assert shape.kind == "json_object"
-    assert not shape.count_exact
-    assert 0 < len(shape.keys) < 20_000
-    assert describe(shape).endswith("+ keys")
+    assert shape.keys == tuple(f"key{i}" for i in range(20_000)) and shape.count_exact
+    assert describe(shape) == "JSON object with 20000 keys"
+    # Read from its two ends only (beyond the scan budget), it says keys may be missing.
+    streamed = _streamed_shape(data)
+    assert streamed is not None and 0 < len(streamed.keys) < 20_000
+    assert describe(streamed).endswith("+ keys")
+
+
+def test_two_large_arrays_are_each_counted_exactly() -> None:
+    value = {
+        "a": [{"id": i, "name": f"n{i}"} for i in range(30_000)],
+        "b": [{"id": i, "name": f"n{i}"} for i in range(30_000)],
+    }
+    data = json.dumps(value).encode()
+    assert len(data) > 4 * PROFILE_BUDGET_BYTES
+    shape = shape_of(data)
+    assert (shape.keys, shape.count_exact) == (("a", "b"), True)
+    assert shape.arrays == (
+        ArrayFacts(("a",), 30_000, True, "objects"),
+        ArrayFacts(("b",), 30_000, True, "objects"),
+    )
+
+
+def test_keys_between_the_head_and_the_tail_are_named_with_their_arrays() -> None:
+    value = {
+        "first": [{"id": i} for i in range(40_000)],
+        "middle": {"total": 3, "pages": {"nodes": ["p"] * 20_000}},
+        "ok": True,
+        "second": ["word"] * 40_000,
+        "more": None,
+    }
+    data = json.dumps(value).encode()
+    middle = data.index(b'"middle"')
+    assert PROFILE_BUDGET_BYTES < middle < len(data) - 64 * 1024
+    shape = shape_of(data)
+    assert shape.keys == tuple(value) and shape.count_exact
+    assert describe(shape) == "JSON object with 5 keys"
+    assert shape.nested == {
+        "first": "array", "middle": "object", "ok": "boolean", "second": "array", "more": "null"
+    }  # fmt: skip
+    assert shape.arrays == (
+        ArrayFacts(("first",), 40_000, True, "objects"),
+        ArrayFacts(("middle", "pages", "nodes"), 20_000, True, "strings"),
+        ArrayFacts(("second",), 40_000, True, "strings"),
+    )
+
+
+def test_beyond_the_scan_budget_two_arrays_of_different_records_are_not_merged() -> None:
+    # Read from both ends, the array open where the head stops is not the one open where
+    # the tail starts: the first gets no count rather than one stretched over both.
+    value = {
+        "a": [{"id": i, "name": f"n{i}"} for i in range(30_000)],
+        "b": [{"ts": f"{i}.0001", "text": "deploy finished"} for i in range(30_000)],
+        "next": "x",
+    }
+    shape = _streamed_shape(json.dumps(value).encode())
+    assert shape is not None and not shape.count_exact
+    assert shape.keys == ("a", "next")
+    assert shape.arrays == (ArrayFacts(("a",), None, False, "objects"),)
+    assert describe(shape) == "JSON object with 2+ keys"
+
+
+@pytest.mark.parametrize(
+    "tail", [', "id": 18446744073709551616}', ', "bad": "\\ud800"}'], ids=["bigint", "surrogate"]
+)
+def test_an_object_simdjson_refuses_is_streamed_instead(tail: str) -> None:
+    text = json.dumps({"items": [{"id": i} for i in range(40_000)]})[:-1] + tail
+    json.loads(text)  # valid JSON, which simdjson does not take
+    shape = shape_of(text.encode())
+    assert shape.kind == "json_object" and not shape.count_exact
+    assert shape.keys[0] == "items" and len(shape.keys) == 2
 
 
 @pytest.mark.parametrize(
@@ -181,11 +252,20 @@ def test_large_object_reports_keys_seen_so_far() -> None:
         b"[" * 50_000,  # unterminated and deep: a path per event would be quadratic
         b"[" * 50_000 + b"]" * 50_000,
         b'{"a":' * 20_000 + b"1" + b"}" * 20_000,
+        b'{"a":' * 60_000 + b"1" + b"}" * 60_000,  # over the budget, too deep for simdjson
         b'{"a": 1}\n' + b"[" * 5_000 + b"\n",  # NDJSON-like, too deep for json.loads
         b"a" * 200_000 + b"\nsecond line\n",  # a line over csv's field size limit
         b'"' + b"a" * 200_000 + b"\nb,c\n",
     ],
-    ids=["deep-open", "deep-valid", "deep-object", "deep-ndjson", "long-line", "long-quoted"],
+    ids=[
+        "deep-open",
+        "deep-valid",
+        "deep-object",
+        "deep-scanned",
+        "deep-ndjson",
+        "long-line",
+        "long-quoted",
+    ],  # fmt: skip
 )
 def test_pathological_payloads_are_described_not_crashed_on(data: bytes) -> None:
     shape = shape_of(data)
@@ -258,6 +338,17 @@ def test_the_whole_parse_and_the_stream_describe_alike(value: Any, indent: int |
     assert loaded_shape(json.loads(data)) == _streamed_shape(data)
 
 
+@settings(max_examples=150, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=10), json_values, max_size=8))
+def test_the_scan_describes_an_object_as_the_whole_parse_does(value: dict[str, Any]) -> None:
+    data = json.dumps(value, ensure_ascii=False).encode()
+    scanned = _scanned_object(data)
+    if scanned is None:  # refused: a NUL in a string, or an integer beyond 64 bits
+        assert b"\\u0000" in data or re.search(rb"\d{19}", data)
+    else:
+        assert scanned == loaded_shape(json.loads(data))
+
+
 # Records wrapped in an object: API responses
 
 
@@ -304,14 +395,18 @@ def test_the_largest_array_of_objects_is_the_records() -> None:
     assert [(f.path, f.element) for f in shape.arrays][1] == (("tags",), "strings")
 
 
-def test_the_issue_example_names_the_key_after_a_long_array_and_estimates_it() -> None:
-    # 50,000 small records, then a 3 MB string: both keys named, the count an estimate.
+def test_the_issue_example_names_the_key_after_a_long_array_and_counts_it() -> None:
+    # 50,000 small records, then a 3 MB string: both keys named, the count exact; read
+    # from its ends only (beyond the scan budget), the count is an estimate.
     value = {"data": [{"id": i, "name": f"n{i}"} for i in range(50_000)], "blob": "z " * 1_500_000}
-    shape = shape_of(json.dumps(value).encode())
-    assert shape.keys == ("data", "blob")
+    data = json.dumps(value).encode()
+    shape = shape_of(data)
+    assert (shape.keys, shape.count_exact) == (("data", "blob"), True)
     assert shape.nested == {"data": "array", "blob": "string"}
-    assert not shape.count_exact
-    records = shape.records
+    assert shape.records == ArrayFacts(("data",), 50_000, True, "objects")
+    streamed = _streamed_shape(data)
+    assert streamed is not None and streamed.keys == ("data", "blob")
+    records = streamed.records
     assert records is not None and records.path == ("data",) and not records.count_exact
     assert records.count is not None and abs(records.count - 50_000) <= 0.25 * 50_000
 
@@ -320,6 +415,7 @@ def test_the_issue_example_names_the_key_after_a_long_array_and_estimates_it() -
 def test_over_40_mb_every_key_is_named_and_the_count_is_an_estimate(name: str) -> None:
     builder, path, _ = SHAPES[name]
     text, count = at_least(builder, 40 * 1024 * 1024)
+    assert len(text) > SCAN_BUDGET_BYTES
     shape = shape_of(text.encode())
     assert shape.keys == tuple(builder(1))
     assert not shape.count_exact
@@ -332,7 +428,8 @@ def test_over_40_mb_every_key_is_named_and_the_count_is_an_estimate(name: str) -
 
 def test_a_string_value_full_of_escaped_quotes_does_not_confuse_the_tail() -> None:
     value = {"items": [{"q": 'say "hi"\\'} for _ in range(30_000)], "next": '\\"}]{["'}
-    shape = shape_of(json.dumps(value).encode())
+    shape = _streamed_shape(json.dumps(value).encode())
+    assert shape is not None
     assert shape.keys == ("items", "next")
     assert shape.nested["next"] == "string"
 
@@ -363,7 +460,8 @@ def test_a_malformed_records_path_is_refused(text: str) -> None:
 def test_a_long_string_of_escaped_json_after_the_records_is_skipped_and_named() -> None:
     inner = json.dumps([{"say": 'a "quoted" \\ word'} for _ in range(40_000)])
     value = {"items": [{"id": i} for i in range(40_000)], "raw": inner, "next": None}
-    shape = shape_of(json.dumps(value).encode())
+    shape = _streamed_shape(json.dumps(value).encode())
+    assert shape is not None
     assert shape.keys == ("items", "raw", "next")
     assert shape.nested == {"items": "array", "raw": "string", "next": "null"}
     records = shape.records
