@@ -319,3 +319,29 @@ def test_an_envelope_too_big_for_a_page_is_sliced() -> None:
     assert len(envelope) > 3 and all(p.partial and p.envelope is None for p in envelope)
     assert json.loads("".join(p.text or "" for p in envelope))["blob"] == value["blob"]
     assert [item for p in pages if p.unit == "records" for item in p.items or []] == value["data"]
+
+
+def test_the_envelope_page_holds_no_records_and_the_records_start_at_zero() -> None:
+    value = {"total_count": 40, "items": [{"id": i} for i in range(40)], "next": "p2"}
+    first, second, *_ = wrapped_pages(value, 2_000)
+    assert first.unit == "envelope" and (first.start, first.end) == ((0, 0), (0, 0))
+    assert first.total == 40 and first.has_more
+    assert second.unit == "records" and second.start == (0, 0)
+    assert second.items == value["items"] and (second.end, second.has_more) == ((40, 0), False)
+
+
+def test_a_sliced_envelope_is_positioned_in_its_characters_then_the_records_follow() -> None:
+    # The envelope and the first record are each too big for a page: every page starts
+    # where the one before ended, and the pages joined give both back.
+    value = {"blob": "ab " * 20_000, "data": [{"text": "cd " * 20_000}, {"id": 1}, {"id": 2}]}
+    pages = wrapped_pages(value, 1_000)
+    envelope = [p for p in pages if p.unit == "envelope"]
+    length = len("".join(p.text or "" for p in envelope))
+    assert envelope[0].start == (0, 0) and envelope[-1].end == (0, length)
+    assert all(p.start[0] == 0 and p.end[0] == 0 for p in envelope)
+    for before, after in zip(pages, pages[1:], strict=False):
+        assert after.start == before.end
+    records = [p for p in pages if p.unit == "records"]
+    first_record = "".join(p.text or "" for p in records if p.partial)
+    assert json.loads(first_record) == value["data"][0]
+    assert records[0].start == (0, length) and records[-1].items == value["data"][1:]

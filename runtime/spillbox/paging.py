@@ -41,16 +41,16 @@ _CHARS_PER_TOKEN_GUESS = 4
 """Where the search for a slice's length starts; it doubles or bisects from there."""
 
 Position = tuple[int, int]
-"""(record or line or byte index, character offset inside that record or line)."""
+"""(record or line or byte index, character offset inside that record or line).
+
+For records wrapped in an object, the envelope comes before record 0 and holds none of
+the records: its page is at (0, 0) to (0, 0). An envelope too big for one page is sliced
+at (0, k) to (0, k'), k counting characters of its JSON; its last slice ends at (0, L), L
+its length, where the records start, so a slice of record 0 is then at (0, L + k)."""
 
 
 class CursorError(ConfigError):
     """A cursor that cannot be used: tampered, expired, or made for something else."""
-
-
-ENVELOPE: Position = (-1, 0)
-"""Where the pages of records wrapped in an object start: the envelope, the object with
-its records left out (totals, next links, metadata), is a page of its own before them."""
 
 
 @dataclass(frozen=True)
@@ -243,11 +243,8 @@ def page(
         document = _loaded(data, digest, kind)
         found = _at(document, records)
         if isinstance(found, list):
-            start = ENVELOPE if start is None else start
-            if start[0] < 0:
-                whole = _envelope(document, records, len(found))
-                return _envelope_page(whole, start, len(found), records, counter, budget)
-            return replace(_record_page(found, start, counter, budget), records=records)
+            envelope = _envelope(document, records, len(found))
+            return _wrapped_page(envelope, found, start, records, counter, budget)
     start = (0, 0) if start is None else start
     if kind in ("json_array", "ndjson"):
         loaded = _loaded(data, digest, kind)
@@ -280,19 +277,32 @@ def _record_page(records: list[Any], start: Position, counter: TokenCounter, bud
     return Page("records", start, (index, 0), len(records), items, None, False)
 
 
-def _envelope_page(
+def _wrapped_page(
     envelope: dict[str, Any],
-    start: Position,
-    total: int,
+    found: list[Any],
+    start: Position | None,
     path: tuple[str, ...],
     counter: TokenCounter,
     budget: int,
 ) -> Page:
-    """The envelope whole, or a slice of its JSON when it is too big for a page."""
+    """A page of records wrapped in an object: first the envelope (whole, or sliced when
+    it is too big for a page), then the records; positions as Position says."""
+    total = len(found)
     encoded = json.dumps(envelope, ensure_ascii=False)
-    if start == ENVELOPE and _tokens_within(counter, encoded, budget, escape=False) is not None:
-        return Page("envelope", start, (0, 0), total, None, None, False, path, envelope)
-    return replace(_slice_of_one("envelope", encoded, start, total, counter, budget), records=path)
+    if _tokens_within(counter, encoded, budget, escape=False) is not None:
+        if start is None:
+            return Page("envelope", (0, 0), (0, 0), total, None, None, False, path, envelope)
+        return replace(_record_page(found, start, counter, budget), records=path)
+    length = len(encoded)  # sliced: the envelope's characters come before record 0's
+    start = (0, 0) if start is None else start
+    if start[0] == 0 and start[1] < length:
+        cut = _slice_of_one("envelope", encoded, start, 1, counter, budget)
+        end = (0, length) if cut.end == (1, 0) else cut.end
+        return replace(cut, end=end, total=total, records=path)
+    shift = length if start[0] == 0 else 0
+    inner = _record_page(found, (start[0], start[1] - shift), counter, budget)
+    end = (0, inner.end[1] + length) if inner.end[0] == 0 else inner.end
+    return replace(inner, start=start, end=end, records=path)
 
 
 def _line_page(lines: list[str], start: Position, counter: TokenCounter, budget: int) -> Page:
