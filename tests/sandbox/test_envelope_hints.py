@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from api_shapes import SHAPES, at_least
+from api_shapes import SHAPES, at_least, github_search
 from spillbox import Harness, ToolResult, parse_notice
 from spillbox.tools import Toolset
 
@@ -40,8 +40,10 @@ def without(value: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     return {**value, key: without(value[key], tuple(rest))}
 
 
-def check_hints(task: Any, call_id: str, text: str, value: Any, path: tuple[str, ...]) -> None:
-    """Run the notice's hints and check each against the payload."""
+def check_hints(
+    task: Any, call_id: str, text: str, value: Any, path: tuple[str, ...]
+) -> dict[str, str]:
+    """Run the notice's hints and check each against the payload; the notice's fields."""
     [admitted] = task.admit([ToolResult(call_id=call_id, tool="api", content=text)])
     fields = parse_notice(admitted.text)
     assert fields is not None and admitted.offloaded, admitted.text
@@ -71,6 +73,7 @@ def check_hints(task: Any, call_id: str, text: str, value: Any, path: tuple[str,
     envelope = task.exec("sh", jq_envelope.removeprefix("sh: "), timeout=120)
     assert envelope.exit_code == 0, envelope.stderr
     assert json.loads(envelope.text) == without(value, path)
+    return fields
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -81,6 +84,21 @@ def test_every_hint_of_a_wrapped_payload_runs_and_gives_the_records(
     value = builder(400)
     with harness.task(f"wrapped-{name}".replace("_", "-")) as task:
         check_hints(task, name, json.dumps(value, indent=2), value, path)
+
+
+def test_the_hints_of_a_scanned_payload_with_two_arrays_run(harness: Harness) -> None:
+    # Over the profile's 256 KB head and within its scan budget: every key named, the
+    # records counted exactly (not "about"), and the hints walk the larger array.
+    value = github_search(6_000)
+    value["warnings"] = [{"code": i, "message": "secondary rate limit"} for i in range(3)]
+    value["next"] = "https://api.github.com/search/issues?page=2"
+    text = json.dumps(value)
+    assert len(text) > 1024 * 1024
+    with harness.task("wrapped-scanned") as task:
+        fields = check_hints(task, "two", text, value, ("items",))
+    assert fields["shape"] == "JSON object with 5 keys"
+    assert json.loads(fields["keys"]) == list(value)
+    assert fields["records"] == "items, 6,000 objects"
 
 
 def test_the_hints_of_a_40_mb_wrapped_payload_run(harness: Harness) -> None:
