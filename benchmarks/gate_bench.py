@@ -20,8 +20,10 @@ The wrapped rows hold the same records inside an object, as most APIs return the
 (Slack's {"ok", "messages": [...], "has_more", "response_metadata"}: keys after the
 records, which the profile reads from the end). For every row the profile alone
 (spillbox.profile.profile, the shape the notice states) is measured too, against the
-same full count. Target (issue 15): a 40 MB wrapped result decided and stored in under 5%
-of its full count, as a bare array is.
+same full count. Up to SCAN_BUDGET_BYTES (32 MB) a wrapped result is parsed whole by
+simdjson (exact counts: the 16 MB row), beyond it read from its ends (estimates: the
+40 MB row). Targets (issue 15): both decided and stored in under 5% of their full count,
+as a bare array is.
 
     python benchmarks/gate_bench.py           # full run, well under a minute
     python benchmarks/gate_bench.py --quick   # a smoke run, sizes up to 1 MB
@@ -53,6 +55,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "4 MB": (4 * MB, 5),
     "40 MB": (40 * MB, 3),
     "1 MB wrapped": (1 * MB, 7),
+    "16 MB wrapped": (16 * MB, 3),
     "40 MB wrapped": (40 * MB, 3),
 }
 QUICK_SIZES = ("4 KB", "64 KB", "1 MB", "1 MB wrapped")
@@ -231,6 +234,7 @@ def targets(rows: list[dict[str, Any]]) -> list[Target]:
     *sized, inline = rows
     largest = next((row for row in sized if row["payload"] == "40 MB"), None)
     wrapped = next((row for row in sized if row["payload"] == "40 MB wrapped"), None)
+    scanned = next((row for row in sized if row["payload"] == "16 MB wrapped"), None)
     return [
         Target(
             goal=f"a 40 MB result decided and stored in under {LARGE_RATIO_MAX:.0%} "
@@ -250,6 +254,16 @@ def targets(rows: list[dict[str, Any]]) -> list[Target]:
             else f"ratio {wrapped['ratio']:.3f}: {wrapped['gate_ms']:.0f} ms against "
             f"{wrapped['full_ms']:.0f} ms; its profile alone {wrapped['profile_ms']:.1f} ms, "
             f"ratio {wrapped['profile_ms'] / wrapped['full_ms']:.4f}",
+        ),
+        Target(
+            goal=f"a 16 MB wrapped result, its object parsed whole by the profile, decided and "
+            f"stored in under {LARGE_RATIO_MAX:.0%} of its full count",
+            met=None if scanned is None else scanned["ratio"] < LARGE_RATIO_MAX,
+            measured="quick run, no 16 MB payload"
+            if scanned is None
+            else f"ratio {scanned['ratio']:.3f}: {scanned['gate_ms']:.0f} ms against "
+            f"{scanned['full_ms']:.0f} ms; its profile alone {scanned['profile_ms']:.1f} ms, "
+            f"ratio {scanned['profile_ms'] / scanned['full_ms']:.4f}",
         ),
         Target(
             goal=f"a 4 KB inline result through the gate in under {INLINE_MS_MAX:g} ms",
