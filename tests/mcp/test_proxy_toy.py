@@ -9,6 +9,8 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_client import connect, memory_kb, proxy_params, proxy_pid, text_of, toy_server
 
@@ -107,6 +109,37 @@ async def test_the_clients_ping_reaches_the_upstream_and_is_answered_after_it_ex
         after_exit = await session.send_ping()
     assert reached == "ping\nping\n"
     assert after_exit == types.EmptyResult()
+
+
+async def test_the_upstream_is_offered_exactly_the_clients_capabilities(home: Path) -> None:
+    async def elicitation(ctx: Any, params: types.ElicitRequestParams) -> Any:
+        return types.ElicitResult(action="decline")
+
+    async def roots(ctx: Any) -> Any:
+        return types.ListRootsResult(roots=[])
+
+    declared = types.ClientCapabilities(
+        elicitation=types.ElicitationCapability(form=types.FormElicitationCapability()),
+        roots=types.RootsCapability(list_changed=False),
+        experimental={"acme/feature": {"level": 2}},
+    )
+    async with connect(
+        proxy_params(home, toy_server()),
+        elicitation_callback=elicitation,
+        list_roots_callback=roots,
+    ) as plain:
+        plain_seen = json.loads(text_of(await plain.call_tool("capabilities", {})))
+    params = proxy_params(home, toy_server())
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        session._build_capabilities = lambda version: declared  # type: ignore[method-assign]
+        await session.initialize()
+        seen = json.loads(text_of(await session.call_tool("capabilities", {})))
+    # The SDK client's own (elicitation form and url, roots with listChanged) pass as sent.
+    assert plain_seen == {
+        "elicitation": {"form": {}, "url": {}},
+        "roots": {"listChanged": True},
+    }
+    assert seen == declared.model_dump(by_alias=True, exclude_none=True)
 
 
 async def test_the_clients_cancel_reaches_the_upstream(home: Path, tmp_path: Path) -> None:

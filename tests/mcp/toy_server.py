@@ -42,6 +42,11 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"size": {"type": "integer"}}},
     ),
     types.Tool(
+        name="capabilities",
+        description="Answers the capabilities its client declared, as JSON.",
+        input_schema={"type": "object"},
+    ),
+    types.Tool(
         name="exit",
         description="Exits the server at once with `status`.",
         input_schema={"type": "object", "properties": {"status": {"type": "integer"}}},
@@ -99,6 +104,11 @@ def main() -> None:
                 raise
         if params.name == "blob":
             text = blob(int(args["size"]))
+            return types.CallToolResult(content=[types.TextContent(text=text)])
+        if params.name == "capabilities":
+            declared = ctx.session.client_capabilities
+            assert declared is not None
+            text = declared.model_dump_json(by_alias=True, exclude_none=True)
             return types.CallToolResult(content=[types.TextContent(text=text)])
         if params.name == "exit":
             os._exit(int(args.get("status", 0)))

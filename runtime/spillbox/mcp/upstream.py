@@ -179,8 +179,12 @@ class Upstream:
         async with streams as (read, write), anyio.create_task_group() as group:
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             group.start_soon(_until_eof, read, send, self.exited)
-            async with ClientSession(
-                receive, write, message_handler=self._message, **self._relays(client_params)
+            async with _Relaying(
+                client_params.capabilities,
+                receive,
+                write,
+                message_handler=self._message,
+                **self._relays(client_params),
             ) as session:
                 result = await session.initialize()
                 self.session = session
@@ -192,12 +196,11 @@ class Upstream:
         self.process = process
 
     def _relays(self, client_params: types.InitializeRequestParams) -> dict[str, Any]:
-        """Callbacks for what the client can do, so the server sees its capabilities."""
+        """Callbacks for what the client can do, relaying the server's requests to it."""
         capabilities = client_params.capabilities
         relays: dict[str, Any] = {"client_info": client_params.client_info}
         if capabilities.sampling is not None:
             relays["sampling_callback"] = self._sampling
-            relays["sampling_capabilities"] = capabilities.sampling
         if capabilities.elicitation is not None:
             relays["elicitation_callback"] = self._elicitation
         if capabilities.roots is not None:
@@ -223,6 +226,21 @@ class Upstream:
     async def _message(self, message: IncomingMessage) -> None:
         if not isinstance(message, Exception):
             await self.on_notification(message)
+
+
+class _Relaying(ClientSession):
+    """A ClientSession that offers the upstream exactly the capabilities the proxy's client
+    declared (sampling's and elicitation's modes, roots' list_changed, experimental and
+    extensions), but tasks, which the proxy does not relay. The SDK's own builds them from
+    which callbacks are set: elicitation always as form and url, roots always with
+    list_changed, nothing experimental."""
+
+    def __init__(self, declared: types.ClientCapabilities, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.declared = declared.model_copy(update={"tasks": None})
+
+    def _build_capabilities(self, version: str) -> types.ClientCapabilities:
+        return self.declared
 
 
 async def _until_eof(
