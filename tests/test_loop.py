@@ -15,6 +15,8 @@ import pytest
 
 import spillbox.loop
 from spillbox import ConfigError, Harness, Settings, SpillboxError, Task, parse_notice
+from spillbox.budget import Budget, BudgetExceeded, default_routes
+from spillbox.compaction import Fallback
 from spillbox.config import ModelEndpoint
 from spillbox.loop import (
     AnthropicModel,
@@ -27,6 +29,7 @@ from spillbox.loop import (
     run,
     to_anthropic,
 )
+from spillbox.native import ANTHROPIC_COMPACTION_BETA, Native, plan_native
 from spillbox.tools import Toolset, ToolSpec
 
 PRS = [
@@ -311,9 +314,10 @@ def test_anthropic_model_sends_system_apart_and_tool_blocks(server: FakeServer, 
     assert turn == Turn("Reading it.", (ToolCall("tu_9", "read_artifact", {}),))
     [request] = server.requests
     assert request["path"] == "/v1/messages"
-    assert request["headers"]["x-api-key"] == "sk-test-key"
-    assert request["headers"]["anthropic-version"] == "2023-06-01"
-    assert "authorization" not in request["headers"]
+    # The SDK chooses the headers: the key in one of Anthropic's two ways, and a version.
+    headers = request["headers"]
+    assert "sk-test-key" in headers.get("x-api-key", "") + headers.get("authorization", "")
+    assert headers["anthropic-version"]
     body = request["body"]
     assert body["system"] == "Be brief." and body["max_tokens"] == 512
     assert body["tools"] == [spec.definition("anthropic") for spec in specs(task)]
@@ -400,13 +404,26 @@ def test_an_endpoint_error_is_one_line(server: FakeServer, task: Task) -> None:
     page = b"<html>\n<body>\n<h1>500 Internal Server Error</h1>\n</body>\n</html>\n"
     for provider in ("openai", "anthropic"):
         server.replies.append((500, page))
-        model = model_from_endpoint(server.endpoint(provider))
+        model = model_from_endpoint(server.endpoint(provider), max_retries=0)
         with pytest.raises(SpillboxError) as caught:
             model.respond([{"role": "user", "content": "hi"}], specs(task))
         message = str(caught.value)
         assert "\n" not in message, message
         assert "answered 500" in message and "Internal Server Error" in message
         assert "sk-test-key" not in message
+        assert caught.value.retryable
+
+
+@pytest.mark.parametrize(
+    ("provider", "reply"), [("openai", openai_reply), ("anthropic", anthropic_reply)]
+)
+def test_the_sdk_retries_a_failed_call(
+    server: FakeServer, task: Task, provider: str, reply: Callable[..., dict[str, Any]]
+) -> None:
+    server.replies += [(503, b"busy"), (200, reply("fine"))]
+    model = model_from_endpoint(server.endpoint(provider, "/v1" if provider == "openai" else ""))
+    assert model.respond([{"role": "user", "content": "hi"}], specs(task)).text == "fine"
+    assert len(server.requests) == 2
 
 
 def test_an_endpoint_that_does_not_answer_is_a_clear_error(task: Task) -> None:
@@ -453,3 +470,112 @@ def test_malformed_tool_arguments_reach_the_model_as_an_error(
     assert "not valid JSON" in json.loads(tool_message["content"])["error"]
     with pytest.raises(SpillboxError, match="unexpected reply"):
         model.respond([{"role": "user", "content": "hi"}], specs(task))
+
+
+# Budgets in the loop
+
+
+def log_tool(arguments: Mapping[str, Any]) -> str:
+    step = int(arguments.get("step", 0))
+    return "".join(f"step {step} line {n}: status ok, cache hit\n" for n in range(120))
+
+
+LOGS = ToolSpec("logs", "A build step's log.", {"type": "object", "properties": {}})
+
+
+def long_session(steps: int) -> Callable[[Sequence[Mapping[str, Any]]], Turn]:
+    """Read one step's log per turn (each ~1.4k tokens, inline under the gate's 6k), then
+    answer; the model sees only what the loop sends it."""
+
+    def script(messages: Sequence[Mapping[str, Any]]) -> Turn:
+        # the latest call stays in the history whatever was archived: count from it
+        ids = [int(m["tool_call_id"][1:]) for m in messages if m.get("role") == "tool"]
+        done = max(ids, default=-1) + 1
+        if done >= steps:
+            return Turn("All steps read.")
+        return Turn("", (ToolCall(f"c{done}", "logs", {"step": done}),))
+
+    return script
+
+
+def test_the_loop_checks_the_budget_before_every_model_call(task: Task) -> None:
+    calls: list[int] = []
+
+    def script(messages: Sequence[Mapping[str, Any]]) -> Turn:
+        calls.append(len(messages))
+        return long_session(3)(messages)
+
+    budget = Budget(window=200_000)
+    result = run(task, ScriptedModel(script), "Read three logs.", [UserTool(LOGS, log_tool)],
+                 budget=budget)  # fmt: skip
+    assert result.answer == "All steps read."
+    assert len(result.reports) == len(calls) == 4
+    assert [r.route("tool_results").used > 0 for r in result.reports] == [False, True, True, True]
+    assert all(not r.stages for r in result.reports)
+
+
+def test_a_long_session_stays_inside_a_small_window_with_the_fallback(task: Task) -> None:
+    budget = Budget(window=32_000)
+    result = run(
+        task,
+        ScriptedModel(long_session(40)),
+        "Read all forty logs.",
+        [UserTool(LOGS, log_tool)],
+        system="You are a careful build engineer.",
+        max_steps=60,
+        budget=budget,
+        compactor=Fallback(task),
+    )
+    assert result.answer == "All steps read."
+    assert len(result.steps) >= 40
+    assert all(not r.over_hard for r in result.reports)
+    assert max(r.input_tokens for r in result.reports) <= budget.input_limit
+    stages = {s.name for r in result.reports for s in r.stages}
+    assert {"tool_results", "archive"} <= stages
+    assert result.messages[:2] == [
+        {"role": "system", "content": "You are a careful build engineer."},
+        {"role": "user", "content": "Read all forty logs."},
+    ]
+
+
+def test_a_budget_too_small_for_the_system_prompt_fails_before_any_call(task: Task) -> None:
+    calls: list[int] = []
+
+    def script(messages: Sequence[Mapping[str, Any]]) -> Turn:
+        calls.append(1)
+        return Turn("never")
+
+    budget = Budget(window=4_000, routes={**default_routes(4_000), "system": 20})
+    with pytest.raises(BudgetExceeded, match="raise routes\\['system'\\]") as raised:
+        run(task, ScriptedModel(script), "go", system="You are careful. " * 20, budget=budget)
+    assert raised.value.route == "system" and raised.value.limit == 20
+    assert calls == []
+
+
+def test_anthropic_native_compaction_goes_with_the_request_and_its_block_comes_back(
+    server: FakeServer, task: Task
+) -> None:
+    budget = Budget(window=200_000, model="claude-sonnet-4-6")
+    plan = plan_native("anthropic", "claude-sonnet-4-6", budget)
+    compaction = {"type": "compaction", "content": "Read logs 0-9; all ok."}
+    server.replies += [
+        (
+            200,
+            {
+                "content": [
+                    compaction,
+                    {"type": "tool_use", "id": "t1", "name": "logs", "input": {}},
+                ]
+            },
+        ),
+        (200, {"content": [{"type": "text", "text": "done"}]}),
+    ]
+    model = AnthropicModel(server.endpoint("anthropic"), native=plan)
+    result = run(task, model, "go", [UserTool(LOGS, log_tool)], budget=budget,
+                 compactor=Native(task, plan))  # fmt: skip
+    assert result.answer == "done"
+    first, second = server.requests
+    assert first["headers"]["anthropic-beta"] == ANTHROPIC_COMPACTION_BETA
+    assert first["body"]["context_management"] == plan.params["context_management"]
+    assistant = second["body"]["messages"][1]
+    assert assistant["role"] == "assistant" and assistant["content"][0] == compaction

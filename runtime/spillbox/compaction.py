@@ -108,6 +108,8 @@ class Fallback:
                     break
                 request, report, freed = _replaced(request, key, archived[0], report, measure)
                 stages.append(Stage(name, archived[1], freed))
+                if freed <= 0:
+                    break  # only an earlier notice could move: nothing more to gain
         if report.needs_room:
             stages.append(
                 Stage(
@@ -145,8 +147,8 @@ class Fallback:
         cut = next((j for j in cuts if sum(tokens[start:j]) >= need), cuts[-1])
         moved = [m for m in messages[start:cut] if not _is_system(m, provider)]
         kept_system = [m for m in messages[start:cut] if _is_system(m, provider)]
-        if not moved:
-            return None
+        if not any(not _is_archive_notice(m) for m in moved):
+            return None  # only an earlier archive's notice could move: no room to gain
         call_id, text = self._store(moved, start, cut)
         if summariser is not None:
             text = f"Summary of the archived turns:\n{summariser(moved)}\n\n{text}"
@@ -191,19 +193,15 @@ def _is_archive_notice(message: Mapping[str, Any]) -> bool:
 
 
 def _first_movable(messages: Sequence[Mapping[str, Any]], provider: Provider) -> int:
-    """The index after the system prompt, the first user message and earlier archives'
-    notices: nothing before it ever moves."""
+    """The index after the system prompt and the first user message: nothing before it
+    ever moves. An earlier archive's notice after them moves into the next archive, so
+    one notice leads to all (the history never fills with notices)."""
     i = 0
     while i < len(messages) and _is_system(messages[i], provider):
         i += 1
     while i < len(messages) and messages[i].get("role") != "user":
         i += 1
-    i += 1  # the first user message: the task
-    while i < len(messages) and (
-        _is_archive_notice(messages[i]) or _is_system(messages[i], provider)
-    ):
-        i += 1
-    return i
+    return i + 1  # the first user message: the task
 
 
 def _starts_turn(messages: Sequence[Mapping[str, Any]], j: int, provider: Provider) -> bool:

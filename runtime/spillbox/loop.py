@@ -4,31 +4,39 @@
     result.answer, result.context_tokens, result.inline_tokens
 
 The history is kept in the Chat Completions shape; each model class converts it to its
-provider's wire format. Every step's tool results (the user's and spillbox's) pass the
-gate together, so parallel calls count as one aggregate.
+provider's wire format (OpenAIChatModel and AnthropicModel through the official SDKs,
+the extras spillbox[openai] and spillbox[anthropic]). Every step's tool results (the
+user's and spillbox's) pass the gate together, so parallel calls count as one aggregate.
+With a budget, the history is checked before every model call:
+
+    result = run(task, model, prompt, budget=Budget(window=32_000), compactor=Fallback(task))
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spillbox.budget import Budget, BudgetReport, Compactor
 from spillbox.errors import ConfigError, SpillboxError
 from spillbox.tools import Toolset, ToolSpec
 from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.config import ModelEndpoint
+    from spillbox.native import NativePlan
     from spillbox.protocols import TaskHandle
     from spillbox.types import Admitted
 
 DEFAULT_MAX_STEPS = 12
 HTTP_TIMEOUT_SECONDS = 120.0
+DEFAULT_MAX_RETRIES = 2
+"""How often the SDK retries a request that failed in a way worth retrying (its default)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,9 @@ class Turn:
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    provider_content: tuple[Mapping[str, Any], ...] = ()
+    """A provider's own blocks to keep in the history and send back (Anthropic's
+    compaction blocks)."""
 
 
 class Model(Protocol):
@@ -93,6 +104,8 @@ class LoopResult:
     inline_tokens: int = 0
     """Tokens the same history would hold with every tool result inline."""
     seconds: float = 0.0
+    reports: list[BudgetReport] = field(default_factory=list)
+    """With a budget: its report before each model call, compaction included."""
 
 
 def run(
@@ -102,8 +115,16 @@ def run(
     tools: Sequence[UserTool] = (),
     system: str | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    budget: Budget | None = None,
+    compactor: Compactor | None = None,
 ) -> LoopResult:
-    """Run the model until it answers without tool calls (or max_steps is reached)."""
+    """Run the model until it answers without tool calls (or max_steps is reached).
+
+    With a budget, the history (in the Chat Completions shape the loop keeps) is checked
+    before every model call: over a soft limit the compactor makes room (the history
+    continues from the compacted one), over a hard limit BudgetExceeded is raised before
+    the call. Each check's report is in LoopResult.reports.
+    """
     started = time.monotonic()
     toolset = Toolset(task)
     task.register_tools(toolset.names)
@@ -118,7 +139,14 @@ def run(
     messages.append({"role": "user", "content": prompt})
     result = LoopResult(answer="", messages=messages)
     counter = task.counter
+    definitions = [spec.definition("openai") for spec in specs]
     for _ in range(max_steps):
+        if budget is not None:
+            report = budget.check(
+                {"messages": messages, "tools": definitions}, "chat_completions", compactor
+            )
+            messages[:] = report.request["messages"]
+            result.reports.append(report)
         turn = model.respond(messages, specs)
         messages.append(_assistant_message(turn))
         if not turn.tool_calls:
@@ -162,6 +190,8 @@ def _call(call: ToolCall, user_tools: Mapping[str, UserTool], toolset: Toolset) 
 
 def _assistant_message(turn: Turn) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+    if turn.provider_content:
+        message[PROVIDER_CONTENT] = [dict(b) for b in turn.provider_content]
     if turn.tool_calls:
         message["tool_calls"] = [
             {
@@ -181,43 +211,68 @@ def _content_text(message: Mapping[str, Any]) -> str:
     return text
 
 
-# Real endpoints: plain HTTPS with the standard library, used when a key and base URL are set.
+# Real endpoints, through the official SDKs (the extras spillbox[openai] and
+# spillbox[anthropic]): their retries, timeouts and error types, their exceptions
+# translated in one place (_endpoint_errors).
 
 
 class OpenAIChatModel:
-    """An OpenAI-compatible Chat Completions endpoint."""
+    """An OpenAI-compatible Chat Completions endpoint, through the openai SDK."""
 
-    def __init__(self, endpoint: ModelEndpoint) -> None:
+    provider = "chat_completions"
+
+    def __init__(self, endpoint: ModelEndpoint, max_retries: int = DEFAULT_MAX_RETRIES) -> None:
+        openai = _import("openai")
         self.endpoint = endpoint
+        self._client = openai.OpenAI(
+            api_key=endpoint.api_key,
+            base_url=endpoint.base_url,
+            timeout=HTTP_TIMEOUT_SECONDS,
+            max_retries=max_retries,
+        )
 
     def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
-        body = {
-            "model": self.endpoint.model,
-            "messages": list(messages),
-            "tools": [spec.definition("openai") for spec in tools],
-        }
-        reply = _post(
-            f"{self.endpoint.base_url.rstrip('/')}/chat/completions",
-            body,
-            {"Authorization": f"Bearer {self.endpoint.api_key}"},
-        )
-        try:
-            message = reply["choices"][0]["message"]
-            calls = tuple(
-                _openai_call(c["id"], c["function"]["name"], c["function"].get("arguments"))
-                for c in message.get("tool_calls") or ()
+        with _endpoint_errors(self.endpoint):
+            reply = self._client.chat.completions.create(
+                model=self.endpoint.model,
+                messages=[_without_provider_content(m) for m in messages],
+                tools=[spec.definition("openai") for spec in tools],
             )
-        except (KeyError, IndexError, TypeError) as e:
-            raise SpillboxError(f"the model endpoint sent an unexpected reply (no {e})") from e
-        return Turn(text=message.get("content") or "", tool_calls=calls)
+            message = reply.choices[0].message
+            calls = tuple(
+                _openai_call(c.id, c.function.name, c.function.arguments)
+                for c in message.tool_calls or ()
+            )
+            return Turn(text=message.content or "", tool_calls=calls)
 
 
 class AnthropicModel:
-    """An Anthropic-compatible Messages endpoint."""
+    """An Anthropic-compatible Messages endpoint, through the anthropic SDK.
 
-    def __init__(self, endpoint: ModelEndpoint, max_tokens: int = 4096) -> None:
+    With a NativePlan (spillbox.native.plan_native) its context_management edits and beta
+    headers go with every request, and the compaction blocks the API returns are kept in
+    the history (Turn.provider_content) and sent back, as the API requires.
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        endpoint: ModelEndpoint,
+        max_tokens: int = 4096,
+        native: NativePlan | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        anthropic = _import("anthropic")
         self.endpoint = endpoint
         self.max_tokens = max_tokens
+        self.native = native if native is not None and native.feature is not None else None
+        self._client = anthropic.Anthropic(
+            api_key=endpoint.api_key,
+            base_url=endpoint.base_url,
+            timeout=HTTP_TIMEOUT_SECONDS,
+            max_retries=max_retries,
+        )
 
     def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
         system, converted = to_anthropic(messages)
@@ -229,22 +284,64 @@ class AnthropicModel:
         }
         if system:
             body["system"] = system
-        reply = _post(
-            f"{self.endpoint.base_url.rstrip('/')}/v1/messages",
-            body,
-            {"x-api-key": self.endpoint.api_key, "anthropic-version": "2023-06-01"},
+        with _endpoint_errors(self.endpoint):
+            if self.native is None:
+                reply = self._client.messages.create(**body)
+            else:
+                body.update(self.native.params)
+                reply = self._client.beta.messages.create(**body, betas=list(self.native.betas))
+            blocks = [b.model_dump(exclude_none=True) for b in reply.content]
+        text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        calls = tuple(
+            ToolCall(b["id"], b["name"], b.get("input") or {})
+            for b in blocks
+            if b.get("type") == "tool_use"
         )
-        try:
-            blocks = reply["content"]
-            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-            calls = tuple(
-                ToolCall(b["id"], b["name"], b.get("input") or {})
-                for b in blocks
-                if b.get("type") == "tool_use"
-            )
-        except (KeyError, TypeError) as e:
-            raise SpillboxError(f"the model endpoint sent an unexpected reply (no {e})") from e
-        return Turn(text=text, tool_calls=calls)
+        kept = tuple(b for b in blocks if b.get("type") in _ROUND_TRIP_BLOCKS)
+        return Turn(text=text, tool_calls=calls, provider_content=kept)
+
+
+_ROUND_TRIP_BLOCKS = ("compaction",)
+"""Anthropic blocks the history keeps and sends back as they came (the API drops what
+came before a compaction block and reads the summary in it)."""
+PROVIDER_CONTENT = "provider_content"
+"""The key of an assistant message that holds a provider's own blocks to send back."""
+
+
+def _without_provider_content(message: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k != PROVIDER_CONTENT}
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(
+            f"a real {name} model needs the {name} SDK: pip install 'spillbox[{name}]'"
+        ) from e
+
+
+@contextmanager
+def _endpoint_errors(endpoint: ModelEndpoint) -> Iterator[None]:
+    """The SDKs' exceptions as spillbox errors, in one place: one line, no key in it."""
+    sdk = _import("openai" if endpoint.provider == "openai" else "anthropic")
+    url = endpoint.base_url
+    try:
+        yield
+    except sdk.APIStatusError as e:
+        # One line, however the endpoint formats its error page.
+        detail = " ".join(e.response.text.split())[:300]
+        raise SpillboxError(
+            f"the model endpoint {url} answered {e.status_code}: {detail}",
+            retryable=e.status_code in (408, 409, 429) or e.status_code >= 500,
+        ) from e
+    except sdk.APIConnectionError as e:
+        raise SpillboxError(
+            f"the model endpoint {url} did not answer ({type(e).__name__}): check the base URL",
+            retryable=True,
+        ) from e
+    except (AttributeError, IndexError, KeyError, TypeError) as e:
+        raise SpillboxError(f"the model endpoint sent an unexpected reply (no {e})") from e
 
 
 def _openai_call(call_id: str, name: str, arguments: str | None) -> ToolCall:
@@ -277,7 +374,7 @@ def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
             else:
                 out.append({"role": "user", "content": [block]})
         elif m["role"] == "assistant":
-            blocks: list[dict[str, Any]] = []
+            blocks: list[dict[str, Any]] = [dict(b) for b in m.get(PROVIDER_CONTENT) or ()]
             if m.get("content"):
                 blocks.append({"type": "text", "text": m["content"]})
             for call in m.get("tool_calls") or ():
@@ -295,30 +392,8 @@ def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
     return system, out
 
 
-def model_from_endpoint(endpoint: ModelEndpoint) -> Model:
+def model_from_endpoint(endpoint: ModelEndpoint, max_retries: int = DEFAULT_MAX_RETRIES) -> Model:
     """The model class for a configured endpoint's provider."""
     if endpoint.provider == "anthropic":
-        return AnthropicModel(endpoint)
-    return OpenAIChatModel(endpoint)
-
-
-def _post(url: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode("utf-8"),
-        headers={"Content-Type": "application/json", **headers},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
-            reply: dict[str, Any] = json.loads(response.read())
-            return reply
-    except urllib.error.HTTPError as e:
-        with e:
-            # One line, however the endpoint formats its error page.
-            detail = " ".join(e.read().decode("utf-8", "replace").split())[:300]
-        raise SpillboxError(f"the model endpoint {url} answered {e.code}: {detail}") from e
-    except (urllib.error.URLError, TimeoutError) as e:
-        raise SpillboxError(
-            f"the model endpoint {url} did not answer ({e}): check the base URL"
-        ) from e
+        return AnthropicModel(endpoint, max_retries=max_retries)
+    return OpenAIChatModel(endpoint, max_retries=max_retries)
