@@ -220,19 +220,44 @@ def test_keys_between_the_head_and_the_tail_are_named_with_their_arrays() -> Non
     )
 
 
-def test_beyond_the_scan_budget_two_arrays_of_different_records_are_not_merged() -> None:
-    # Read from both ends, the array open where the head stops is not the one open where
-    # the tail starts: the first gets no count rather than one stretched over both.
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("second", ["alike", "different"])
+def test_beyond_the_scan_budget_two_arrays_and_the_keys_between_are_found(
+    indent: int | None, second: str
+) -> None:
+    # Read from its ends (as beyond the scan budget), the tail jumps over the second
+    # array to where it opens, names it and the keys before it, then reaches the first.
+    records: Any = [{"id": i, "name": f"n{i}"} for i in range(30_000)]
+    if second == "different":
+        records = [{"ts": f"{i}.0001", "text": "deploy finished"} for i in range(30_000)]
     value = {
         "a": [{"id": i, "name": f"n{i}"} for i in range(30_000)],
-        "b": [{"ts": f"{i}.0001", "text": "deploy finished"} for i in range(30_000)],
+        "total": 60_000,
+        "page": {"next": "p2", "size": 2},
+        "b": records,
         "next": "x",
     }
+    shape = _streamed_shape(json.dumps(value, indent=indent).encode())
+    assert shape is not None
+    assert (shape.keys, shape.count_exact) == (tuple(value), True)
+    assert describe(shape) == "JSON object with 5 keys"
+    assert [(f.path, f.count_exact, f.element) for f in shape.arrays] == [
+        (("a",), False, "objects"),
+        (("b",), False, "objects"),
+    ]
+    for facts in shape.arrays:
+        assert facts.count is not None and abs(facts.count - 30_000) <= 0.1 * 30_000, facts
+
+
+def test_beyond_the_scan_budget_an_array_that_cannot_be_jumped_over_has_no_count() -> None:
+    # Strings give no element to search for: the array open at the tail may be another
+    # than the head's, so the head's gets no count and the keys say some may be missing.
+    value = {"a": ["word"] * 200_000, "mid": 1, "b": ["other"] * 200_000}
     shape = _streamed_shape(json.dumps(value).encode())
     assert shape is not None and not shape.count_exact
-    assert shape.keys == ("a", "next")
-    assert shape.arrays == (ArrayFacts(("a",), None, False, "objects"),)
-    assert describe(shape) == "JSON object with 2+ keys"
+    assert shape.keys == ("a",)
+    assert shape.arrays == (ArrayFacts(("a",), None, False, "strings"),)
+    assert describe(shape) == "JSON object with 1+ keys"
 
 
 @pytest.mark.parametrize(
@@ -242,8 +267,8 @@ def test_an_object_simdjson_refuses_is_streamed_instead(tail: str) -> None:
     text = json.dumps({"items": [{"id": i} for i in range(40_000)]})[:-1] + tail
     json.loads(text)  # valid JSON, which simdjson does not take
     shape = shape_of(text.encode())
-    assert shape.kind == "json_object" and not shape.count_exact
-    assert shape.keys[0] == "items" and len(shape.keys) == 2
+    assert shape.kind == "json_object" and shape.keys[0] == "items" and len(shape.keys) == 2
+    assert shape.records is not None and not shape.records.count_exact  # streamed
 
 
 @pytest.mark.parametrize(
@@ -417,8 +442,9 @@ def test_over_40_mb_every_key_is_named_and_the_count_is_an_estimate(name: str) -
     text, count = at_least(builder, 40 * 1024 * 1024)
     assert len(text) > SCAN_BUDGET_BYTES
     shape = shape_of(text.encode())
-    assert shape.keys == tuple(builder(1))
-    assert not shape.count_exact
+    # Beyond the scan budget: the tail jumps over the records to where they open, in
+    # the part the head read, so no key can lie unread between.
+    assert shape.keys == tuple(builder(1)) and shape.count_exact
     records = shape.records
     assert records is not None and records.path == path
     assert not records.count_exact and records.count is not None
@@ -467,3 +493,55 @@ def test_a_long_string_of_escaped_json_after_the_records_is_skipped_and_named() 
     records = shape.records
     assert records is not None and records.count is not None
     assert abs(records.count - 40_000) <= 0.1 * 40_000
+
+
+record_shapes = st.lists(
+    st.sampled_from(["id", "ts", "name", "type", "labels", "text"]),
+    min_size=1,
+    max_size=3,
+    unique=True,
+)
+members = st.one_of(
+    st.tuples(st.just("records"), record_shapes, st.integers(0, 12_000) | st.just(12_000)),
+    st.tuples(st.just("strings"), st.just(["s"]), st.integers(0, 30_000)),
+    st.tuples(st.just("small"), st.just([]), st.integers(0, 3)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=st.lists(members, min_size=1, max_size=5), indent=st.sampled_from([None, 1]))
+def test_read_from_its_ends_an_object_says_only_what_is_so(
+    layout: list[tuple[str, list[str], int]], indent: int | None
+) -> None:
+    # Whatever its arrays and keys, the stream's account of a large object is true:
+    # keys said complete are all the keys, every key it names is one, and a counted
+    # array's length is close.
+    value: dict[str, Any] = {}
+    for index, (kind, keys, size) in enumerate(layout):
+        name = f"k{index}"
+        if kind == "records":
+            value[name] = [{key: f"{key}-{i}" for key in keys} for i in range(size)]
+        elif kind == "strings":
+            value[name] = [f"s{i}" for i in range(size)]
+        else:
+            value[name] = {"n": size}
+    data = json.dumps(value, indent=indent).encode()
+    shape = _streamed_shape(data)
+    assert shape is not None
+    assert set(shape.keys) <= set(value)
+    if shape.count_exact:
+        assert shape.keys == tuple(value)
+    for facts in shape.arrays:
+        actual = len(value[facts.path[0]])
+        if facts.count_exact:
+            assert facts.count == actual
+        elif facts.count is not None:
+            assert abs(facts.count - actual) <= 0.2 * actual + 10, (facts, actual)
+
+
+def test_an_array_of_objects_read_whole_from_the_end_is_counted_once_per_element() -> None:
+    # Each object element was counted where it ended and again where it opened: 6 for 3.
+    value = {"items": [{"id": i} for i in range(40_000)], "warnings": [{"code": 1}] * 3}
+    shape = _streamed_shape(json.dumps(value).encode())
+    assert shape is not None
+    assert shape.arrays[-1] == ArrayFacts(("warnings",), 3, True, "objects")

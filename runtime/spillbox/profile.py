@@ -387,15 +387,17 @@ def _streamed_object(data: bytes) -> Shape | None:
     if not stack and not finished:
         return None
     facts = {id(frame): _facts(frame) for frame in arrays}
+    complete = finished
     if not finished:
         tail = _tail_frames(data, read)
         for frame in stack:
             if frame.kind == "array" and id(frame) in facts:
                 facts[id(frame)] = _facts(frame, end=None)  # where it ends is not known yet
-        pairs = zip(stack, tail, strict=False)
-        for depth, (frame, back) in enumerate(pairs):
+        paired = 0
+        for depth, (frame, back) in enumerate(zip(stack, tail, strict=False)):
             if not _one_container(frame, back):
                 break
+            paired += 1
             if frame.kind == "array" and id(frame) in facts:
                 facts[id(frame)] = _facts(frame, end=back.end)
             for key, kind, counted in reversed(back.members):
@@ -405,14 +407,18 @@ def _streamed_object(data: bytes) -> Shape | None:
                 if counted is not None and frame.path is not None:
                     path = (*frame.path, key)
                     if len(path) <= RECORDS_MAX_DEPTH and len(facts) < MAX_ARRAYS:
+                        exact = not counted.jumped
                         facts[id(counted)] = ArrayFacts(
-                            path, counted.count, True, _element_name(counted.kinds)
+                            path, counted.count, exact, _element_name(counted.kinds)
                         )
+        # Read backwards to an array that opens where the head read, the same one at
+        # every depth: no key of the object can lie between what the two ends read.
+        complete = paired == len(tail) > 0 and tail[-1].reaches_head
     return Shape(
         kind="json_object",
         keys=tuple(keys),
         nested=nested,
-        count_exact=finished,
+        count_exact=complete,
         arrays=tuple(facts.values()),
     )
 
@@ -447,16 +453,17 @@ _STARTS_KEPT = 8
 
 def _one_container(frame: _Frame, back: _Back) -> bool:
     """Whether the container open where the head stops and the one open where the tail
-    starts (at the same depth) can be one: the same kind and, for arrays, elements alike
-    (a kind in common and, where both saw objects, a first key in common). Two arrays of
-    different records, {"a": [...], "b": [...]}, are told apart; the head's array then
-    has no count, rather than one stretched to where the other ends."""
+    starts (at the same depth) are one: objects on the way to it are taken to be; an
+    array is when the tail found it opens where the head read (see _array_start) and its
+    elements are alike (a kind and, where both saw objects, a first key in common).
+    Otherwise the head's array gets no count, rather than one stretched to where another
+    array ends ({"a": [...], "b": [...]})."""
     if frame.kind != back.kind:
         return False
     if frame.kind == "object":
         return True
     alike = not (frame.starts and back.starts) or bool(frame.starts & back.starts)
-    return bool(frame.kinds & back.kinds) and alike
+    return back.reaches_head and bool(frame.kinds & back.kinds) and alike
 
 
 def _facts(frame: _Frame, end: int | None = -1) -> ArrayFacts:
@@ -492,6 +499,13 @@ class _Back:
     """For an object: where its first key lies (the last read so far, reading backwards)."""
     starts: set[str] = field(default_factory=set)
     """For an array: the first keys of its elements that are objects (a few)."""
+    opening: bytes = b""
+    """For an array of objects: how its last element read opens, from its brace to the end
+    of its first key ({"id"), with the white space before it (after the comma)."""
+    jumped: bool = False
+    """For an array: its start was searched for (found or not); its count is estimated."""
+    reaches_head: bool = False
+    """For an array: it opens before the part the tail reads, where the head read."""
 
 
 _WHITESPACE = b" \t\r\n"
@@ -505,17 +519,38 @@ def _tail_frames(data: bytes, floor: int) -> list[_Back]:
     Reading JSON backwards is safe from its end, which is outside every string: a quote
     read there closes a string, and the string opens at the previous quote not escaped
     (preceded by an even run of backslashes). Long strings are skipped with rfind, so a
-    3 MB string value costs a few calls, not a 3 MB loop.
+    3 MB string value costs a few calls, not a 3 MB loop. A long array of objects is
+    jumped over to where it opens (_array_start), its length estimated from the elements
+    read, and reading goes on before it: the keys between two arrays are named, and an
+    array found to open where the head read is the head's own (reaches_head).
     """
     stack: list[_Back] = []
     pending: tuple[str, _Back | None] | None = None  # a value read, its key not yet
     after_colon = False
     i = len(data)
-    skipped = 0  # bytes of long strings jumped over: a few rfind calls, not a loop
+    skipped = 0  # bytes of long strings and long arrays jumped over, not read
+    allowance = TAIL_BUDGET_BYTES
+    jumps = 0
     while True:
         while i > floor and data[i - 1] in _WHITESPACE:
             i -= 1
-        if i <= floor or len(data) - i - skipped > TAIL_BUDGET_BYTES:
+        over = len(data) - i - skipped > allowance
+        top = stack[-1] if stack else None
+        if i > floor and top is not None and jumps < _MAX_JUMPS and _may_jump(top, i, over):
+            top.jumped = True
+            jumps += 1
+            start = _array_start(data, floor, i, top)
+            if start is None:  # it opens where the head read
+                top.reaches_head = True
+                break
+            if start >= 0:
+                # The elements jumped over, at the rate of those read.
+                top.count = _estimate(top.count * (top.end - start) / (top.end - i))
+                skipped += i - start - 1
+                allowance += TAIL_BUDGET_BYTES
+                i = start + 1
+                continue
+        if i <= floor or over:
             break
         char = data[i - 1 : i]
         if char == b'"':
@@ -552,7 +587,9 @@ def _tail_frames(data: bytes, floor: int) -> list[_Back]:
                 break
             if closed.first is not None and stack[-1].kind == "array":
                 _started(stack[-1].starts, _decoded(data[closed.first[0] : closed.first[1]]))
-            pending = _read_back(stack, closed.kind, closed if closed.kind == "array" else None)
+                stack[-1].opening = _opening(data, i, closed.first[1] + 1, floor)
+            # Counted as an element where it ended, at its "}" or "]": not again here.
+            pending = (closed.kind, closed if closed.kind == "array" else None)
             continue
         elif char == b":":
             i -= 1
@@ -573,6 +610,94 @@ def _tail_frames(data: bytes, floor: int) -> list[_Back]:
 
 
 _LITERALS = {b"true": "boolean", b"false": "boolean", b"null": "null"}
+_JUMP_AFTER = 16
+"""Elements of an array read backwards before its start is searched for (sooner if the
+tail's budget runs out): enough for the rate at which the rest is estimated."""
+_JUMP_AFTER_BYTES = TAIL_BUDGET_BYTES // 2
+"""Or after this much of it: the budget ends sooner inside an element, out of reach."""
+_MAX_JUMPS = 8
+_START_TRIES = 8
+_CHECK_BYTES = 64 * 1024
+"""How far past a candidate start the elements are parsed to check it."""
+
+
+def _may_jump(top: _Back, i: int, over: bool) -> bool:
+    """Whether to search for where the array being read opens (reading from i), and jump
+    there: a named array of objects, read far enough for a rate, not searched for yet."""
+    return (
+        top.kind == "array"
+        and top.named
+        and bool(top.opening)
+        and not top.jumped
+        and (over or top.count >= _JUMP_AFTER or top.end - i >= _JUMP_AFTER_BYTES)
+    )
+
+
+def _opening(data: bytes, brace: int, key_end: int, floor: int) -> bytes:
+    """How the element whose brace is at `brace` opens (to the end of its first key), with
+    the white space between it and the comma before it, if one is there."""
+    gap = brace
+    while gap > floor and data[gap - 1] in _WHITESPACE:
+        gap -= 1
+    space = data[gap:brace] if data[gap - 1 : gap] == b"," else b""
+    return space + data[brace:key_end]
+
+
+def _array_start(data: bytes, floor: int, end: int, array: _Back) -> int | None:
+    """Where the array of objects being read backwards (from `end`) opens: the nearest
+    "[" before `end` followed by an element that opens as its elements do, and which is
+    an object's member ("key": [) whose elements parse as a run (simdjson) for up to
+    _CHECK_BYTES; None if there is none after floor (it opens where the head read), -1
+    if the candidates did not check out.
+
+    A search in C over the bytes between (memchr speed), not a parse: an object's
+    records are jumped over to reach the keys before them (two arrays, keys between)."""
+    brace = array.opening.lstrip(_WHITESPACE)
+    gap = array.opening[: len(array.opening) - len(brace)]
+    # Indented JSON opens its first element as it opens the others; compact JSON puts it
+    # right after the bracket, whatever follows its commas (", " or ",").
+    needle = b"[" + (gap if b"\n" in gap else b"") + brace
+    separator = b"," + array.opening
+    for _ in range(_START_TRIES):
+        start = data.rfind(needle, floor, end)
+        if start < 0:
+            return None
+        if _is_member_value(data, start, floor) and _run_parses(data, start, separator):
+            return start
+        end = start
+    return -1
+
+
+def _is_member_value(data: bytes, start: int, floor: int) -> bool:
+    """Whether the value opening at `start` follows `"key":`, after "," or "{"."""
+    i = start
+    while i > floor and data[i - 1] in _WHITESPACE:
+        i -= 1
+    if data[i - 1 : i] != b":":
+        return False
+    i -= 1
+    while i > floor and data[i - 1] in _WHITESPACE:
+        i -= 1
+    if data[i - 1 : i] != b'"':
+        return False
+    i = _string_start(data, i - 1, floor)
+    while i > floor and data[i - 1] in _WHITESPACE:
+        i -= 1
+    return i > floor and data[i - 1 : i] in (b",", b"{")
+
+
+def _run_parses(data: bytes, start: int, separator: bytes) -> bool:
+    """Whether the elements after `[` at `start` parse as a run of whole values, up to the
+    last separator within _CHECK_BYTES (a candidate inside a string, or a nested array
+    that ends sooner, does not); true if no separator is that near."""
+    stop = data.rfind(separator, start + 1, start + 1 + _CHECK_BYTES)
+    if stop < 0:
+        return True
+    try:
+        run = simdjson.Parser().parse(b"[" + data[start + 1 : stop] + b"]")
+    except (ValueError, RuntimeError):
+        return False
+    return isinstance(run, simdjson.Array)
 
 
 def _read_back(stack: list[_Back], kind: str, value: _Back | None) -> tuple[str, _Back | None]:

@@ -110,7 +110,7 @@ def test_the_hints_of_a_40_mb_wrapped_payload_run(harness: Harness) -> None:
         fields = parse_notice(admitted.text)
         assert fields is not None
         assert fields["records"].startswith("messages, about ")
-        assert fields["shape"] == f"JSON object with {len(value)}+ keys"
+        assert fields["shape"] == f"JSON object with {len(value)} keys"
         assert json.loads(fields["keys"]) == list(value)
         check_hints(task, "big", text, value, path)
         assert len(at_path(value, path)) == count
@@ -132,4 +132,5 @@ def test_the_tool_hints_of_a_wrapped_payload_run(harness: Harness) -> None:
         assert body["exit_code"] == 0 and len(body["output"].splitlines()) == 6, body
         page = json.loads(toolset.call("read_artifact", json.loads(hints[1][2])).text)
         assert page["unit"] == "envelope" and page["records"] == ".".join(path)
+        assert page["position"] == {"start": 0, "end": 0} and page["total"] == 300
         assert envelope_key in page["envelope"]
