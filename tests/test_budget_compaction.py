@@ -217,6 +217,7 @@ def test_soft_overflow_that_cannot_be_compacted_is_reported_not_raised(task: Tas
         ({"min_recent": -1}, "min_recent must be a whole number"),
         ({"keep_tool_results": 1.5}, "keep_tool_results must be a whole number"),
         ({"min_recent": 8, "keep_recent": 4}, r"keep_recent \(4\) must be at least min_recent"),
+        ({"target_share": 0}, "target_share must be above 0"),
     ],
 )
 def test_bad_settings_name_the_field(task: Task, kwargs: dict[str, Any], message: str) -> None:

@@ -141,13 +141,6 @@ class BudgetReport:
         return any(r.over_soft for r in self.routes if r.name in self.compactable)
 
     @property
-    def overflow(self) -> int:
-        """Tokens the compactable routes hold beyond their soft limits."""
-        return sum(
-            r.used - r.soft for r in self.routes if r.name in self.compactable and r.over_soft
-        )
-
-    @property
     def headroom(self) -> int:
         """What the window still holds beyond the input and the output reserve."""
         return self.window - self.input_tokens - self.reserve_output
@@ -189,7 +182,10 @@ class BudgetReport:
         line = f"{self.input_tokens:,} in + {self.reserve_output:,} out of {self.window:,}"
         line += f" (headroom {self.headroom:,}) | " + " ".join(parts)
         if self.stages:
-            line += " | " + "; ".join(f"{s.name}: {s.detail} (-{s.freed:,})" for s in self.stages)
+            line += " | " + "; ".join(
+                f"{s.name}: {s.detail}" + (f" (-{s.freed:,})" if s.freed > 0 else "")
+                for s in self.stages
+            )
         return line
 
 

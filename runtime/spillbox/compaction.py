@@ -43,6 +43,10 @@ ARCHIVE_TOOL = "spillbox_history"
 """The tool name an archive of turns is stored under (list_artifacts shows it)."""
 ARCHIVE_MARK = "[spillbox: earlier turns archived]"
 """The first words of the message that stands for archived turns."""
+DEFAULT_TARGET_SHARE = 0.6
+"""Archiving frees room down to this share of each compactable route's hard limit, below
+its soft limit: archives come in larger, rarer pieces, and each one changes the start of
+the conversation (and so its prompt-cache prefix) less often."""
 _NOTICE_ALLOWANCE_TOKENS = 600
 """What an archive's message is assumed to cost when choosing how many turns to archive."""
 
@@ -68,6 +72,7 @@ class Fallback:
         keep_tool_results: int = DEFAULT_KEEP_TOOL_RESULTS,
         min_recent: int = DEFAULT_MIN_RECENT,
         keep_recent: int = DEFAULT_KEEP_RECENT,
+        target_share: float = DEFAULT_TARGET_SHARE,
     ) -> None:
         for name, value in (
             ("keep_tool_results", keep_tool_results),
@@ -80,6 +85,9 @@ class Fallback:
             raise ConfigError(
                 f"keep_recent ({keep_recent}) must be at least min_recent ({min_recent})"
             )
+        if not 0 < target_share <= 1:
+            raise ConfigError(f"target_share must be above 0 and at most 1, got {target_share!r}")
+        self.target_share = target_share
         self.task = task
         self.summariser = summariser
         self.keep_tool_results = keep_tool_results
@@ -129,8 +137,8 @@ class Fallback:
         summariser: Summariser | None,
     ) -> tuple[list[dict[str, Any]], str] | None:
         """messages with their oldest movable turns archived (enough of them, by the
-        report's counts, to free the overflow) and what was done, or None if no turn can
-        move."""
+        report's counts, to bring the compactable routes down to target_share of their
+        limits) and what was done, or None if no turn can move."""
         start = _first_movable(messages, provider)
         cuts = [
             j
@@ -143,7 +151,11 @@ class Fallback:
         for index, _, count in report.messages:
             if 0 <= index < len(tokens):
                 tokens[index] += count
-        need = report.overflow + _NOTICE_ALLOWANCE_TOKENS
+        need = _NOTICE_ALLOWANCE_TOKENS + sum(
+            r.used - int(r.limit * self.target_share)
+            for r in report.routes
+            if r.name in report.compactable and r.used > r.limit * self.target_share
+        )
         cut = next((j for j in cuts if sum(tokens[start:j]) >= need), cuts[-1])
         moved = [m for m in messages[start:cut] if not _is_system(m, provider)]
         kept_system = [m for m in messages[start:cut] if _is_system(m, provider)]
