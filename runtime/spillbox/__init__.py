@@ -13,6 +13,8 @@ from spillbox.adapters import (
     gate_chat_completions,
     gate_responses,
 )
+from spillbox.budget import Budget, BudgetExceeded, BudgetReport, Route
+from spillbox.compaction import Fallback
 from spillbox.config import Policy, Settings
 from spillbox.errors import (
     ConfigError,
@@ -25,25 +27,33 @@ from spillbox.errors import (
 from spillbox.harness import Harness, Task
 from spillbox.loop import LoopResult, ScriptedModel, ToolCall, Turn, UserTool
 from spillbox.loop import run as run_loop
+from spillbox.native import Capability, Native, plan_native
 from spillbox.notice import parse_notice
 from spillbox.retention import Retention
-from spillbox.tokens import TiktokenCounter, TokenCounter
+from spillbox.tokens import TiktokenCounter, TokenCounter, counter_for_model
 from spillbox.tools import ToolOutput, Toolset, ToolSpec
 from spillbox.types import Admitted, Artifact, ExecResult, Lang, Reason, TokenCount, ToolResult
 
 __all__ = [
     "Admitted",
     "Artifact",
+    "Budget",
+    "BudgetExceeded",
+    "BudgetReport",
+    "Capability",
     "ConfigError",
     "ExecError",
     "ExecResult",
+    "Fallback",
     "Harness",
     "Lang",
     "LoopResult",
+    "Native",
     "Policy",
     "Reason",
     "Retention",
     "RetentionError",
+    "Route",
     "SandboxError",
     "ScriptedModel",
     "Settings",
@@ -62,9 +72,11 @@ __all__ = [
     "UserTool",
     "add_tools",
     "compact_history",
+    "counter_for_model",
     "gate_anthropic",
     "gate_chat_completions",
     "gate_responses",
     "parse_notice",
+    "plan_native",
     "run_loop",
 ]
