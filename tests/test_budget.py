@@ -345,3 +345,22 @@ def test_a_budget_counts_in_its_models_tokens() -> None:
     gpt = Budget(window=100_000, model="gpt-5.4")
     o200k = default_counter("o200k_base").count(text)
     assert gpt.check(request, "chat_completions").route("history").used == OVERHEAD + o200k
+
+
+def test_server_tools_and_references_are_counted_where_they_belong() -> None:
+    search = {"type": "web_search_tool_result", "tool_use_id": "s1", "content": [{"url": "u"}]}
+    use = {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {"q": "x"}}
+    request = {
+        "messages": [
+            {"role": "user", "content": TASK},
+            {"role": "assistant", "content": [use, search, {"type": "text", "text": "Found."}]},
+        ]
+    }
+    report = Budget(window=50_000).check(request, "anthropic")
+    assert report.route("tool_results").used == tokens(json.dumps(search))
+    responses = {
+        "input": [{"type": "item_reference", "id": "msg_1"}, {"role": "user", "content": "go"}]
+    }
+    assert Budget(window=50_000).check(responses, "responses").route("history").used == (
+        OVERHEAD + tokens("go")
+    )

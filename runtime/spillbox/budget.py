@@ -585,9 +585,12 @@ def _responses_item(budget: Budget, item: Mapping[str, Any], path: str) -> tuple
         return "history", MESSAGE_OVERHEAD_TOKENS + budget._text(text)
     if isinstance(kind, str) and kind.endswith(("_call", "_call_output")):
         return "tool_results" if kind.endswith("_output") else "history", budget._object(item)
+    if kind == "item_reference":
+        return "history", 0  # the item it names is on the provider's side: not counted here
     raise ShapeError(
         f"{path}['type']: {kind!r} is not a responses input item (message, function_call, "
-        "function_call_output, reasoning, compaction, or a built-in tool's *_call)"
+        "function_call_output, reasoning, compaction, item_reference, or a built-in tool's "
+        "*_call)"
     )
 
 
@@ -657,9 +660,13 @@ def _anthropic_block(budget: Budget, block: Mapping[str, Any], path: str) -> tup
         return "retrieved", budget._object(block)
     if kind == "image":
         return "history", IMAGE_TOKENS
+    if isinstance(kind, str) and kind.endswith("tool_result"):  # server and MCP tools' results
+        return "tool_results", budget._object(block)
+    if isinstance(kind, str) and kind.endswith("tool_use"):
+        return "history", budget._object(block)
     raise ShapeError(
-        f"{path}['type']: {kind!r} is not an anthropic content block (text, image, tool_use, "
-        "tool_result, document, search_result, thinking, compaction)"
+        f"{path}['type']: {kind!r} is not an anthropic content block (text, image, *tool_use, "
+        "*tool_result, document, search_result, thinking, compaction)"
     )
 
 
