@@ -15,7 +15,7 @@ import tiktoken.registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spillbox import tokens
+from spillbox import Harness, ToolResult, tokens
 from spillbox.errors import ConfigError
 from spillbox.tokens import (
     EXACT_TOTAL_CHARS,
@@ -293,3 +293,16 @@ def test_a_claude_factor_scales_cl100k_counts_and_is_configurable() -> None:
 def test_an_unknown_model_asks_for_a_counter() -> None:
     with pytest.raises(ConfigError, match="pass a counter"):
         counter_for_model("llama-3-70b")
+
+
+def test_the_gate_told_the_model_counts_in_its_tokens(tmp_path: Path) -> None:
+    text = "The build failed in step seven because the cache key changed. " * 380
+    cl100k = default_counter("cl100k_base").count(text)
+    assert 4_000 < cl100k < 6_000 < math.ceil(cl100k * 1.57)  # inline in cl100k, not in Claude's
+    results = [ToolResult("c1", "logs", text)]
+    for counter, offloaded in ((None, False), (counter_for_model("claude-sonnet-4-6"), True)):
+        home = tmp_path / str(offloaded)
+        with Harness(sandbox="none", home=home, environ={}, gc_interval=-1, counter=counter) as h:
+            with h.task("t") as task:
+                [admitted] = task.admit(results)
+                assert admitted.offloaded is offloaded
