@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.types.responses import ResponseInputParam
+from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
+from pydantic import TypeAdapter
 
 import spillbox.loop
 from spillbox import ConfigError, Harness, Settings, SpillboxError, Task, parse_notice
@@ -21,6 +24,7 @@ from spillbox.config import ModelEndpoint
 from spillbox.loop import (
     AnthropicModel,
     OpenAIChatModel,
+    OpenAIResponsesModel,
     ScriptedModel,
     ToolCall,
     Turn,
@@ -579,3 +583,57 @@ def test_anthropic_native_compaction_goes_with_the_request_and_its_block_comes_b
     assert first["body"]["context_management"] == plan.params["context_management"]
     assistant = second["body"]["messages"][1]
     assert assistant["role"] == "assistant" and assistant["content"][0] == compaction
+
+
+def responses_reply(output: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "gpt-5.4",
+        "status": "completed",
+        "output": output,
+    }
+
+
+def test_openai_responses_compaction_goes_with_the_request_and_its_item_comes_back(
+    server: FakeServer, task: Task
+) -> None:
+    budget = Budget(window=400_000, model="gpt-5.4")
+    plan = plan_native("responses", "gpt-5.4", budget, store=False)
+    compaction = {"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque"}
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "c1",
+        "name": "logs",
+        "arguments": '{"step": 1}',
+        "status": "completed",
+    }
+    answer = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "done", "annotations": []}],
+    }
+    server.replies += [(200, responses_reply([compaction, call])), (200, responses_reply([answer]))]
+    model = OpenAIResponsesModel(server.endpoint("openai", "/v1"), native=plan)
+    result = run(task, model, "go", [UserTool(LOGS, log_tool)], system="Be brief.",
+                 budget=budget, compactor=Native(task, plan))  # fmt: skip
+    assert result.answer == "done"
+    first, second = server.requests
+    assert first["path"] == "/v1/responses"
+    body = first["body"]
+    assert body["context_management"] == [{"type": "compaction", "compact_threshold": 272_000}]
+    assert body["store"] is False and body["instructions"] == "Be brief."
+    assert body["tools"][0] == LOGS.definition("responses")
+    assert second["body"]["input"] == [
+        {"role": "user", "content": "go"},
+        compaction,
+        {"type": "function_call", "call_id": "c1", "name": "logs", "arguments": '{"step": 1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": log_tool({"step": 1})},
+    ]
+    for request in (first, second):
+        TypeAdapter(ResponseCreateParamsNonStreaming).validate_python(request["body"])
+        TypeAdapter(ResponseInputParam).validate_python(request["body"]["input"])

@@ -4,10 +4,10 @@
     result.answer, result.context_tokens, result.inline_tokens
 
 The history is kept in the Chat Completions shape; each model class converts it to its
-provider's wire format (OpenAIChatModel and AnthropicModel through the official SDKs,
-the extras spillbox[openai] and spillbox[anthropic]). Every step's tool results (the
-user's and spillbox's) pass the gate together, so parallel calls count as one aggregate.
-With a budget, the history is checked before every model call:
+provider's wire format (OpenAIChatModel, OpenAIResponsesModel and AnthropicModel through
+the official SDKs, the extras spillbox[openai] and spillbox[anthropic]). Every step's tool
+results (the user's and spillbox's) pass the gate together, so parallel calls count as one
+aggregate. With a budget, the history is checked before every model call:
 
     result = run(task, model, prompt, budget=Budget(window=32_000), compactor=Fallback(task))
 """
@@ -246,6 +246,68 @@ class OpenAIChatModel:
             return Turn(text=message.content or "", tool_calls=calls)
 
 
+class OpenAIResponsesModel:
+    """An OpenAI Responses endpoint, through the openai SDK.
+
+    With a NativePlan (spillbox.native.plan_native for provider "responses") its
+    context_management (server-side compaction past the budget's threshold) and store
+    option go with every request, and the compaction items the API returns are kept in the
+    history (Turn.provider_content) and sent back in the next request's input.
+    """
+
+    provider = "responses"
+
+    def __init__(
+        self,
+        endpoint: ModelEndpoint,
+        native: NativePlan | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        openai = _import("openai")
+        self.endpoint = endpoint
+        self.native = native if native is not None and native.feature is not None else None
+        self._client = openai.OpenAI(
+            api_key=endpoint.api_key,
+            base_url=endpoint.base_url,
+            timeout=HTTP_TIMEOUT_SECONDS,
+            max_retries=max_retries,
+        )
+
+    def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
+        instructions, items = to_responses(messages)
+        body: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "input": items,
+            "tools": [spec.definition("responses") for spec in tools],
+        }
+        if instructions:
+            body["instructions"] = instructions
+        if self.native is not None:
+            body.update(self.native.params)
+        with _endpoint_errors(self.endpoint):
+            reply = self._client.responses.create(**body)
+            output = [item.model_dump(exclude_none=True, warnings=False) for item in reply.output]
+        text = "".join(
+            str(part.get("text", ""))
+            for item in output
+            if item.get("type") == "message"
+            for part in item.get("content") or ()
+            if part.get("type") == "output_text"
+        )
+        calls = tuple(
+            _openai_call(item["call_id"], item["name"], item.get("arguments"))
+            for item in output
+            if item.get("type") == "function_call"
+        )
+        kept = tuple(item for item in output if item.get("type") in _ROUND_TRIP_ITEMS)
+        return Turn(text=text, tool_calls=calls, provider_content=kept)
+
+
+_ROUND_TRIP_ITEMS = ("compaction",)
+"""Responses output items the history keeps and sends back as they came (the compaction
+item carries what the server compacted away)."""
+
+
 class AnthropicModel:
     """An Anthropic-compatible Messages endpoint, through the anthropic SDK.
 
@@ -305,7 +367,8 @@ _ROUND_TRIP_BLOCKS = ("compaction",)
 """Anthropic blocks the history keeps and sends back as they came (the API drops what
 came before a compaction block and reads the summary in it)."""
 PROVIDER_CONTENT = "provider_content"
-"""The key of an assistant message that holds a provider's own blocks to send back."""
+"""The key of an assistant message that holds a provider's own blocks or items to send
+back (Anthropic's compaction blocks, Responses compaction items)."""
 
 
 def _without_provider_content(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -390,6 +453,35 @@ def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
         else:
             out.append({"role": "user", "content": m["content"]})
     return system, out
+
+
+def to_responses(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """Chat Completions history as (instructions, Responses input items): tool calls become
+    function_call items, tool messages function_call_output items, and a provider's kept
+    items (compaction) go back where they came."""
+    instructions = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if m["role"] == "tool":
+            output = {"type": "function_call_output", "call_id": m["tool_call_id"]}
+            items.append({**output, "output": m["content"]})
+            continue
+        items.extend(dict(item) for item in m.get(PROVIDER_CONTENT) or ())
+        if m.get("content"):
+            items.append({"role": m["role"], "content": m["content"]})
+        for call in m.get("tool_calls") or ():
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"] or "{}",
+                }
+            )
+    return instructions, items
 
 
 def model_from_endpoint(endpoint: ModelEndpoint, max_retries: int = DEFAULT_MAX_RETRIES) -> Model:
