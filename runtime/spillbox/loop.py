@@ -222,14 +222,8 @@ class OpenAIChatModel:
     provider = "chat_completions"
 
     def __init__(self, endpoint: ModelEndpoint, max_retries: int = DEFAULT_MAX_RETRIES) -> None:
-        openai = _import("openai")
         self.endpoint = endpoint
-        self._client = openai.OpenAI(
-            api_key=endpoint.api_key,
-            base_url=endpoint.base_url,
-            timeout=HTTP_TIMEOUT_SECONDS,
-            max_retries=max_retries,
-        )
+        self._client = _client("openai", endpoint, max_retries)
 
     def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
         with _endpoint_errors(self.endpoint):
@@ -263,15 +257,9 @@ class OpenAIResponsesModel:
         native: NativePlan | None = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
     ) -> None:
-        openai = _import("openai")
         self.endpoint = endpoint
         self.native = native if native is not None and native.feature is not None else None
-        self._client = openai.OpenAI(
-            api_key=endpoint.api_key,
-            base_url=endpoint.base_url,
-            timeout=HTTP_TIMEOUT_SECONDS,
-            max_retries=max_retries,
-        )
+        self._client = _client("openai", endpoint, max_retries)
 
     def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
         instructions, items = to_responses(messages)
@@ -325,16 +313,10 @@ class AnthropicModel:
         native: NativePlan | None = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
     ) -> None:
-        anthropic = _import("anthropic")
         self.endpoint = endpoint
         self.max_tokens = max_tokens
         self.native = native if native is not None and native.feature is not None else None
-        self._client = anthropic.Anthropic(
-            api_key=endpoint.api_key,
-            base_url=endpoint.base_url,
-            timeout=HTTP_TIMEOUT_SECONDS,
-            max_retries=max_retries,
-        )
+        self._client = _client("anthropic", endpoint, max_retries)
 
     def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
         system, converted = to_anthropic(messages)
@@ -373,6 +355,18 @@ back (Anthropic's compaction blocks, Responses compaction items)."""
 
 def _without_provider_content(message: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k != PROVIDER_CONTENT}
+
+
+def _client(sdk: str, endpoint: ModelEndpoint, max_retries: int) -> Any:
+    """The SDK's client for endpoint, with spillbox's timeout and the retries asked for."""
+    module = _import(sdk)
+    client_class = module.OpenAI if sdk == "openai" else module.Anthropic
+    return client_class(
+        api_key=endpoint.api_key,
+        base_url=endpoint.base_url,
+        timeout=HTTP_TIMEOUT_SECONDS,
+        max_retries=max_retries,
+    )
 
 
 def _import(name: str) -> Any:
