@@ -309,3 +309,29 @@ def test_the_sdk_check_refuses_a_wrong_parameter() -> None:
         conforms(BetaCompact20260112EditParam, {"type": "compact_20260112", "threshold": 1})
     with pytest.raises(ValidationError):
         TypeAdapter(list[ContextManagement]).validate_python([{"compact_threshold": 5}])
+
+
+def test_tool_results_are_stored_at_the_threshold_even_with_every_route_under_soft(
+    task: Task,
+) -> None:
+    routes = {
+        "system": 1_000,
+        "tools": 1_000,
+        "history": Route(40_000, soft=39_000),
+        "tool_results": Route(40_000, soft=39_000),
+    }
+    budget = Budget(window=100_000, routes=routes, reserve_output=18_000)
+    plan = plan_native("responses", "gpt-5.4", budget)
+    assert plan.threshold == 65_600
+    output = "".join(f"row {n}: ok\n" for n in range(2_450))  # about 17k tokens
+    items: list[dict[str, Any]] = [{"role": "user", "content": "go " * 34_000}]
+    for i in range(2):
+        items.append({"type": "function_call", "call_id": f"c{i}", "name": "q", "arguments": "{}"})
+        items.append(
+            {"type": "function_call_output", "call_id": f"c{i}", "output": output + str(i)}
+        )
+    request = {"input": items, **plan.params}
+    report = budget.check(request, "responses", compactor=Native(task, plan))
+    assert not report.needs_room and report.input_tokens >= plan.threshold
+    assert [s.name for s in report.stages] == ["native"]
+    assert sorted(a.call_id for a in task.artifacts()) == ["c0", "c1"]

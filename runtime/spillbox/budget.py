@@ -129,8 +129,9 @@ class BudgetReport:
     reserve_output: int
     request: Mapping[str, Any]
     """The request as checked: compacted if a stage ran, else the one given."""
-    messages: list[tuple[int, str, int]] = field(default_factory=list)
-    """(index in the request's message list, kind, tokens) of each counted part."""
+    parts: list[tuple[int, str, int]] = field(default_factory=list)
+    """(index in the request's message list, or -1 for top-level fields; kind; tokens) of
+    each counted part."""
     stages: list[Stage] = field(default_factory=list)
     compactable: frozenset[str] = frozenset()
     """The routes a compactor can shrink (those history, tool_results and retrieved count in)."""
@@ -270,13 +271,17 @@ class Budget:
         provider: Provider,
         compactor: Compactor | None = None,
     ) -> BudgetReport:
-        """Count request by route; compact if a compactable route is over its soft limit;
-        raise BudgetExceeded if any route (or the whole input) is then over its hard limit.
+        """Count request by route; call the compactor if a compactable route is over its
+        soft limit (or the whole input at compact_threshold()); raise BudgetExceeded if any
+        route is then over its hard limit.
 
         The request is never changed in place: a compacted one is in the report.
         """
         report = self.measure(request, provider)
-        if compactor is not None and report.needs_room:
+        # At the compaction threshold a provider's native compaction may run on this call,
+        # whatever the routes: the compactor gets to store what it would remove first.
+        at_threshold = report.input_tokens >= self.compact_threshold()
+        if compactor is not None and (report.needs_room or at_threshold):
             compacted, stages = compactor.compact(
                 request, provider, lambda r: self.measure(r, provider)
             )
@@ -316,7 +321,7 @@ class Budget:
             input_tokens=sum(t for _, _, t in parts),
             reserve_output=self.reserve_output,
             request=request,
-            messages=parts,
+            parts=parts,
             compactable=frozenset(self._kinds[k] for k in COMPACTABLE),
         )
 

@@ -102,6 +102,8 @@ class Fallback:
             return request, []  # a Responses input given as one string: nothing to move
         stages: list[Stage] = []
         report = measure(request)
+        if not report.needs_room:
+            return request, stages
         messages = compact_history(self.task, request[key], keep_last=self.keep_tool_results)
         request, report, freed = _replaced(request, key, messages, report, measure)
         if freed > 0:
@@ -148,7 +150,7 @@ class Fallback:
         if not cuts:
             return None
         tokens = [0] * len(messages)
-        for index, _, count in report.messages:
+        for index, _, count in report.parts:
             if 0 <= index < len(tokens):
                 tokens[index] += count
         need = _NOTICE_ALLOWANCE_TOKENS + sum(

@@ -207,11 +207,12 @@ def _input_tokens(value: int) -> dict[str, Any]:
 class Native:
     """A Compactor for a request that carries a NativePlan's parameters.
 
-    Over a soft limit it stores the tool results the provider would take away (all of
-    them for compaction, all but the latest keep_tool_uses for clearing), once each, and
-    leaves the request as it is: the provider compacts it. If the request would still
-    not fit (a route over its hard limit), or the plan has no native feature, spillbox's
-    Fallback stages run.
+    Over a soft limit, or at the budget's compaction threshold (where the provider may
+    compact on this very call), it stores the tool results the provider would take away
+    (all of them for compaction, all but the latest keep_tool_uses for clearing), once
+    each, and leaves the request as it is: the provider compacts it. If the request would
+    still not fit (a route over its hard limit), or the plan has no native feature,
+    spillbox's Fallback stages run.
     """
 
     def __init__(
