@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from api_shapes import SHAPES, at_least, github_search, graphql_pull_requests, slack_history
 from spillbox.notice import describe
 from spillbox.profile import (
+    MAX_ARRAYS,
+    MAX_KEY_LOOKUPS,
     PROFILE_BUDGET_BYTES,
     SCAN_BUDGET_BYTES,
+    SCAN_BUDGET_VALUES,
     _scanned_object,
     _streamed_shape,
     loaded_shape,
@@ -170,15 +173,29 @@ def test_an_estimated_count_is_rounded_to_two_digits(rows: int, expected: str) -
 
 
 def test_a_large_object_within_the_scan_budget_has_every_key_named() -> None:
-    data = json.dumps({f"key{i}": list(range(40)) for i in range(20_000)}).encode()
+    data = json.dumps({f"key{i}": list(range(5)) for i in range(20_000)}).encode()
     assert PROFILE_BUDGET_BYTES < len(data) <= SCAN_BUDGET_BYTES
     shape = shape_of(data)
     assert shape.keys == tuple(f"key{i}" for i in range(20_000)) and shape.count_exact
     assert describe(shape) == "JSON object with 20000 keys"
+    # Values are looked at for the first keys only: simdjson finds a key by walking.
+    assert len(shape.nested) == MAX_KEY_LOOKUPS and len(shape.arrays) == MAX_ARRAYS
     # Read from its two ends only (beyond the scan budget), it says keys may be missing.
     streamed = _streamed_shape(data)
     assert streamed is not None and 0 < len(streamed.keys) < 20_000
     assert describe(streamed).endswith("+ keys")
+
+
+def test_an_object_of_more_values_than_the_scan_budget_is_streamed() -> None:
+    # Small records: few bytes, many values, which simdjson's time follows.
+    value = {"data": [{"id": i, "name": f"n{i}"} for i in range(300_000)], "next": None}
+    data = json.dumps(value).encode()
+    assert len(data) <= SCAN_BUDGET_BYTES and data.count(b",") > SCAN_BUDGET_VALUES
+    shape = shape_of(data)
+    assert shape.keys == ("data", "next")
+    records = shape.records
+    assert records is not None and not records.count_exact and records.count is not None
+    assert abs(records.count - 300_000) <= 0.2 * 300_000
 
 
 def test_two_large_arrays_are_each_counted_exactly() -> None:

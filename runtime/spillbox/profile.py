@@ -31,6 +31,15 @@ SCAN_BUDGET_BYTES = 32 * 1024 * 1024
 lengths, exact. A fresh parser takes about 2 ms per MB of API records here (1-3 % of a
 full token count, at any size) and holds 2-4 times the payload while it parses: the
 memory, not the time, sets the bound. Beyond it the object is read from both ends."""
+SCAN_BUDGET_VALUES = 500_000
+"""Nor more JSON values than this, estimated from the commas in a few windows: simdjson's
+time grows with the values as much as with the bytes (16 MB of small numbers, 4 million
+values, took 450 ms), and 500,000 take some 40-70 ms."""
+_VALUE_WINDOWS = 16
+_VALUE_WINDOW_BYTES = 64 * 1024
+MAX_KEY_LOOKUPS = 1_000
+"""Keys of a scanned object whose values are looked at: what they hold and where its
+arrays are (a thousand lookups cost a few ms)."""
 KIND_SAMPLE = 1_000
 """A scanned array's element kinds are those of its first KIND_SAMPLE elements and its
 last: walking every element of a million-element array costs a Python call each."""
@@ -144,11 +153,26 @@ def _json_shape(data: bytes) -> Shape | None:
             return None
         except RecursionError:
             pass
-    elif len(data) <= SCAN_BUDGET_BYTES and data.lstrip()[:1] == b"{":
+    elif (
+        len(data) <= SCAN_BUDGET_BYTES
+        and data.lstrip()[:1] == b"{"
+        and _values_estimate(data) <= SCAN_BUDGET_VALUES
+    ):
         scanned = _scanned_object(data)
         if scanned is not None:
             return scanned
     return _streamed_shape(data)
+
+
+def _values_estimate(data: bytes) -> int:
+    """About how many values a JSON payload holds: its commas (every value but the first
+    of a container follows one), counted in evenly spaced windows and scaled up."""
+    step = len(data) // _VALUE_WINDOWS
+    if step <= _VALUE_WINDOW_BYTES:
+        return data.count(b",")
+    starts = range(0, _VALUE_WINDOWS * step, step)
+    commas = sum(data.count(b",", start, start + _VALUE_WINDOW_BYTES) for start in starts)
+    return commas * len(data) // (_VALUE_WINDOW_BYTES * len(starts))
 
 
 def _scanned_object(data: bytes) -> Shape | None:
@@ -205,7 +229,7 @@ def loaded_shape(value: Any) -> Shape | None:
         return Shape(
             kind="json_object",
             keys=names,
-            nested={key: _kind_of(value[key]) for key in names},
+            nested={key: _kind_of(value[key]) for key in _looked_up(value, names)},
             arrays=tuple(arrays_in(value)),
         )
     return None
@@ -215,7 +239,7 @@ def arrays_in(value: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[
     """The arrays of an object (parsed, or simdjson's) reached through keys,
     RECORDS_MAX_DEPTH keys deep at most, in document order (at most MAX_ARRAYS of them)."""
     found = 0
-    for key in dict.fromkeys(value.keys()):
+    for key in _looked_up(value, tuple(dict.fromkeys(value.keys()))):
         if found >= MAX_ARRAYS:
             return
         item = value[key]  # not items(): simdjson's converts every value whole
@@ -228,6 +252,13 @@ def arrays_in(value: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[
                     return
                 found += 1
                 yield facts
+
+
+def _looked_up(value: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys whose values are looked at: all of a parsed dict's; of simdjson's object,
+    the first MAX_KEY_LOOKUPS, since it finds a key by walking its keys in order (every
+    value of an object of 100,000 keys took 90 s; its keys are all named still)."""
+    return names if isinstance(value, dict) else names[:MAX_KEY_LOOKUPS]
 
 
 def _kinds(array: list[Any] | simdjson.Array) -> set[str]:
