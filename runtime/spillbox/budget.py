@@ -16,7 +16,7 @@ check after one new message costs time proportional to that message.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
@@ -50,7 +50,7 @@ MESSAGE_OVERHEAD_TOKENS = 4
 IMAGE_TOKENS = 1_600
 """An image part counts this much: Anthropic's figure for a ~1.15 megapixel image."""
 MAX_CACHED_TEXTS = 200_000
-"""The cache of counted texts is emptied past this many entries (bounds its memory)."""
+"""The cache of counts is emptied past this many entries (bounds its memory)."""
 
 
 class BudgetExceeded(SpillboxError):
@@ -250,7 +250,7 @@ class Budget:
         self._routes = _routes(window, routes, reserve_output)
         self.reserve_output = self._routes[OUTPUT].limit
         self._kinds = _kinds(self._routes, kinds)
-        self._texts: dict[str, int] = {}
+        self._texts: dict[tuple[int, int], int] = {}
         self._objects: dict[int, tuple[object, int]] = {}
 
     @property
@@ -333,9 +333,14 @@ class Budget:
     # Counting, remembered by content
 
     def _text(self, text: str) -> int:
-        tokens = self._texts.get(text)
+        # Keyed by (length, hash), not by the text: the cache must not keep a large tool
+        # result alive after the conversation dropped it. A str caches its own hash, so a
+        # text seen before costs a look-up; two different texts of one length and one
+        # 64-bit hash are a chance of about 1 in 10^9 over the cache's 200,000 entries.
+        key = (len(text), hash(text))
+        tokens = self._texts.get(key)
         if tokens is None:
-            tokens = self._texts[text] = self.counter.count(text)
+            tokens = self._texts[key] = self.counter.count(text)
         return tokens
 
     def _object(self, value: object) -> int:
@@ -441,14 +446,15 @@ class ShapeError(ConfigError):
     """A request that is not in the shape its provider expects; names the field."""
 
 
-def _list(value: object, path: str, what: str) -> list[Any]:
+def _list(value: object, path: str, what: str) -> Sequence[Any]:
     if not isinstance(value, list | tuple):
         raise ShapeError(f"{path}: expected a list of {what}, got {_kind(value)}")
-    return list(value)
+    return value
 
 
 def _mapping(value: object, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    # A plain dict first: the ABC check costs more than the rest of a message's walk.
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ShapeError(f"{path}: expected an object, got {_kind(value)}")
     return value
 
@@ -506,6 +512,8 @@ def _chat(budget: Budget, request: Mapping[str, Any], parts: list[tuple[int, str
 def _chat_content(budget: Budget, content: object, path: str) -> int:
     if content is None:
         return 0
+    if type(content) is str:
+        return budget._text(content)
     return _content(budget, content, path, "chat_completions", _CHAT_TEXT_PARTS, _CHAT_MEDIA_PARTS)
 
 
