@@ -364,3 +364,18 @@ def test_server_tools_and_references_are_counted_where_they_belong() -> None:
     assert Budget(window=50_000).check(responses, "responses").route("history").used == (
         OVERHEAD + tokens("go")
     )
+
+
+def test_nothing_before_an_anthropic_compaction_block_is_counted() -> None:
+    request = anthropic_request()
+    full = Budget(window=100_000).check(request, "anthropic")
+    summary = "Read the logs: step 7 failed."
+    request["messages"].append(
+        {"role": "assistant", "content": [{"type": "compaction", "content": summary}]}
+    )
+    request["messages"].append({"role": "user", "content": "Go on."})
+    report = Budget(window=100_000).check(request, "anthropic")
+    assert report.route("tool_results").used == 0  # the result before it is dropped
+    assert report.route("system").used == full.route("system").used  # the system prompt stays
+    expected = OVERHEAD + tokens(summary) + OVERHEAD + tokens("Go on.")
+    assert report.route("history").used == expected

@@ -583,6 +583,12 @@ def test_anthropic_native_compaction_goes_with_the_request_and_its_block_comes_b
     assert first["body"]["context_management"] == plan.params["context_management"]
     assistant = second["body"]["messages"][1]
     assert assistant["role"] == "assistant" and assistant["content"][0] == compaction
+    # Anthropic reads nothing before the compaction block: the budget counts the summary,
+    # not the turns it replaced
+    before, after = result.reports
+    summary = budget.counter.count(compaction["content"])
+    assert before.route("history").used == 4 + budget.counter.count("go")
+    assert after.route("history").used == 4 + summary + budget.counter.count("logs" + "{}")
 
 
 def responses_reply(output: list[dict[str, Any]]) -> dict[str, Any]:
@@ -628,8 +634,7 @@ def test_openai_responses_compaction_goes_with_the_request_and_its_item_comes_ba
     assert body["context_management"] == [{"type": "compaction", "compact_threshold": 272_000}]
     assert body["store"] is False and body["instructions"] == "Be brief."
     assert body["tools"][0] == LOGS.definition("responses")
-    assert second["body"]["input"] == [
-        {"role": "user", "content": "go"},
+    assert second["body"]["input"] == [  # nothing before the latest compaction item
         compaction,
         {"type": "function_call", "call_id": "c1", "name": "logs", "arguments": '{"step": 1}'},
         {"type": "function_call_output", "call_id": "c1", "output": log_tool({"step": 1})},

@@ -309,6 +309,9 @@ class Budget:
             self._objects.clear()
         parts: list[tuple[int, str, int]] = []
         _WALKERS[provider](self, request, parts)
+        point = _compaction_point(request, provider)
+        if point > 0:  # the model reads nothing before a compaction: that costs no tokens
+            parts = [(i, k, 0 if 0 <= i < point and k != "system" else t) for i, k, t in parts]
         used = dict.fromkeys(self._routes, 0)
         for _, kind, tokens in parts:
             used[self._kinds[kind]] += tokens
@@ -505,6 +508,12 @@ def _chat(budget: Budget, request: Mapping[str, Any], parts: list[tuple[int, str
             function = _mapping(call, f"{path}['tool_calls']").get("function") or {}
             tokens += budget._text(str(function.get("name", "")))
             tokens += budget._object(function.get("arguments") or "")
+        for item in message.get(PROVIDER_CONTENT) or ():
+            # A compaction's summary, where the provider shows it (Anthropic); an encrypted
+            # one (OpenAI) is opaque and counted by what it shows: nothing.
+            tokens += budget._text(
+                str(_mapping(item, f"{path}[{PROVIDER_CONTENT!r}]").get("content") or "")
+            )
         parts.append((i, kind, tokens))
     _tools(budget, request, parts)
 
@@ -688,6 +697,33 @@ _WALKERS: dict[str, Callable[[Budget, Mapping[str, Any], list[tuple[int, str, in
     "responses": _responses,
     "anthropic": _anthropic,
 }
+
+
+PROVIDER_CONTENT = "provider_content"
+"""The key of a Chat Completions-shaped assistant message (the loop's history) that holds
+a provider's own blocks or items to send back, such as a compaction."""
+
+
+def _compaction_point(request: Mapping[str, Any], provider: Provider) -> int:
+    """The index of the message holding the latest compaction the provider reads from, or
+    -1. Anthropic drops every block before a compaction block; the loop's history keeps a
+    provider's compaction in PROVIDER_CONTENT, and its Responses model sends nothing before
+    the latest compaction item. A Responses request as given is counted whole: it is what
+    the request carries."""
+    if provider == "responses":
+        return -1
+    messages = request.get("messages") or ()
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        blocks = (
+            message.get(PROVIDER_CONTENT) if provider == "chat_completions"
+            else message.get("content")
+        )  # fmt: skip
+        if isinstance(blocks, list) and any(
+            isinstance(b, Mapping) and b.get("type") == "compaction" for b in blocks
+        ):
+            return i
+    return -1
 
 
 def message_list_key(provider: Provider) -> str:

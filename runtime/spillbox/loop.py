@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spillbox.budget import Budget, BudgetReport, Compactor
+from spillbox.budget import PROVIDER_CONTENT, Budget, BudgetReport, Compactor
 from spillbox.errors import ConfigError, SpillboxError
 from spillbox.tools import Toolset, ToolSpec
 from spillbox.types import ToolResult
@@ -348,9 +348,6 @@ class AnthropicModel:
 _ROUND_TRIP_BLOCKS = ("compaction",)
 """Anthropic blocks the history keeps and sends back as they came (the API drops what
 came before a compaction block and reads the summary in it)."""
-PROVIDER_CONTENT = "provider_content"
-"""The key of an assistant message that holds a provider's own blocks or items to send
-back (Anthropic's compaction blocks, Responses compaction items)."""
 
 
 def _without_provider_content(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -452,7 +449,8 @@ def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
 def to_responses(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """Chat Completions history as (instructions, Responses input items): tool calls become
     function_call items, tool messages function_call_output items, and a provider's kept
-    items (compaction) go back where they came."""
+    items (compaction) go back where they came, the latest one first: what came before it
+    is not sent."""
     instructions = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
     items: list[dict[str, Any]] = []
     for m in messages:
@@ -475,7 +473,10 @@ def to_responses(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
                     "arguments": function["arguments"] or "{}",
                 }
             )
-    return instructions, items
+    # The latest compaction item carries what came before it (OpenAI's compaction guide):
+    # nothing before it is sent.
+    latest = max((i for i, item in enumerate(items) if item.get("type") == "compaction"), default=0)
+    return instructions, items[latest:]
 
 
 def model_from_endpoint(endpoint: ModelEndpoint, max_retries: int = DEFAULT_MAX_RETRIES) -> Model:
