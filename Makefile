@@ -1,9 +1,10 @@
 # The two commands the README promises: `make demo` (the main job) and `make test`.
-# Both set up what a fresh machine lacks: a virtualenv, a Docker engine, the sandbox image.
+# Both set up what a fresh machine lacks: a virtualenv, a Docker engine, the sandbox image
+# (and, for the tests, PostgreSQL's server binaries: the catalog's tests start a server).
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install docker image demo test lint bench clean
+.PHONY: install docker postgres image demo test lint bench clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +17,9 @@ $(VENV)/.installed: pyproject.toml
 docker:
 	scripts/ensure-docker.sh
 
+postgres:
+	scripts/ensure-postgres.sh
+
 image: install docker
 	$(BIN)/spillbox image build
 
@@ -27,7 +31,7 @@ lint: install
 	$(BIN)/ruff format --check runtime tests benchmarks examples
 	$(BIN)/mypy
 
-test: lint image
+test: lint image postgres
 	$(BIN)/pytest
 
 bench: image

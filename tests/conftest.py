@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from catalog_backends import catalog_url, postgres_server, postgres_url  # noqa: F401
+
 TEST_LABEL = "spillbox.test"
 
 

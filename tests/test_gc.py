@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from catalog_backends import run_at_once
 from conftest import Clock
 from spillbox import Harness, Policy, ToolResult
 from spillbox import gc as spillbox_gc
@@ -23,15 +24,19 @@ from spillbox.retention import Retention
 from spillbox.sandbox.storage import TaskStorage
 
 
-def make_harness(home: Path, gc_interval: float = -1) -> Harness:
+def make_harness(home: Path, url: str | None, gc_interval: float = -1) -> Harness:
     return Harness(
-        sandbox="none", home=home, gc_interval=gc_interval, policy=Policy(per_call_tokens=50)
+        sandbox="none",
+        home=home,
+        gc_interval=gc_interval,
+        policy=Policy(per_call_tokens=50),
+        catalog_url=url,
     )
 
 
 @pytest.fixture
-def harness(home: Path) -> Iterator[Harness]:
-    with make_harness(home) as harness:
+def harness(home: Path, catalog_url: str | None) -> Iterator[Harness]:
+    with make_harness(home, catalog_url) as harness:
         yield harness
 
 
@@ -139,8 +144,10 @@ def test_storage_of_an_unknown_task_with_a_pin_elsewhere_is_still_swept(harness:
     assert task.read("c1") == payload("c1").encode()
 
 
-def test_two_collectors_in_threads_remove_each_thing_once(home: Path, clock: Clock) -> None:
-    with make_harness(home) as setup:
+def test_two_collectors_in_threads_remove_each_thing_once(
+    home: Path, clock: Clock, catalog_url: str | None
+) -> None:
+    with make_harness(home, catalog_url) as setup:
         for t in range(3):
             task = setup.task(f"t{t}", retention=Retention(ttl=60))
             for c in range(5):
@@ -152,7 +159,7 @@ def test_two_collectors_in_threads_remove_each_thing_once(home: Path, clock: Clo
 
     def run() -> None:
         try:
-            with make_harness(home) as harness:
+            with make_harness(home, catalog_url) as harness:
                 results.append(spillbox_gc.collect(harness, grace=0))
         except BaseException as e:
             errors.append(e)
@@ -165,7 +172,7 @@ def test_two_collectors_in_threads_remove_each_thing_once(home: Path, clock: Clo
     assert errors == []
     everything = [r for result in results for r in result]
     assert len(everything) == len(set(everything)) == 15 + 3, "each thing removed exactly once"
-    with make_harness(home) as harness:
+    with make_harness(home, catalog_url) as harness:
         assert spillbox_gc.collect(harness, grace=0) == []
         for t in range(3):
             assert harness.catalog.artifacts(f"t{t}") == []
@@ -173,8 +180,10 @@ def test_two_collectors_in_threads_remove_each_thing_once(home: Path, clock: Clo
     assert files_under(home) == [f"tasks/t{t}/task-id" for t in range(3)]
 
 
-def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
-    with make_harness(home) as setup:
+def test_two_gc_processes_at_once_leave_a_consistent_state(
+    home: Path, catalog_url: str | None
+) -> None:
+    with make_harness(home, catalog_url) as setup:
         for t in range(4):
             task = setup.task(f"t{t}", retention=Retention(ttl=1))
             for c in range(4):
@@ -182,6 +191,8 @@ def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
         make_orphans(home, setup.task("t0"), age=2 * spillbox_gc.GRACE_SECONDS)
     time.sleep(1.1)  # real time: the collectors are other processes
     env = {**os.environ, "SPILLBOX_GC_INTERVAL": "never"}
+    if catalog_url is not None:
+        env["SPILLBOX_CATALOG_URL"] = catalog_url
     command = [sys.executable, "-m", "spillbox.cli", "gc", "--json", "--sandbox", "none"]
     procs = [
         subprocess.Popen(
@@ -199,25 +210,25 @@ def test_two_gc_processes_at_once_leave_a_consistent_state(home: Path) -> None:
     assert len(artifacts) == len(set(artifacts)) == 16
     orphans = sorted((r["kind"], r["task_id"]) for r in removed if r["kind"] != "artifact")
     assert orphans == [("payload", "t0"), ("storage", "ghost"), ("temp", "t0")]
-    with make_harness(home) as harness:
+    with make_harness(home, catalog_url) as harness:
         assert all(harness.catalog.artifacts(f"t{t}") == [] for t in range(4))
         assert harness.gc() == []
     assert files_under(home) == [f"tasks/t{t}/task-id" for t in range(4)]
 
 
-def test_gc_runs_when_a_harness_starts(home: Path, clock: Clock) -> None:
-    with make_harness(home) as setup:
+def test_gc_runs_when_a_harness_starts(home: Path, clock: Clock, catalog_url: str | None) -> None:
+    with make_harness(home, catalog_url) as setup:
         offload(setup.task("t1", retention=Retention(ttl=60)), "c1")
     clock.advance(61)
-    with make_harness(home, gc_interval=0):
+    with make_harness(home, catalog_url, gc_interval=0):
         pass  # close() waits for the start-up collection
-    with make_harness(home) as harness:
+    with make_harness(home, catalog_url) as harness:
         row = harness.catalog.find("t1", "c1")
         assert row is not None and row.state == "deleted" and row.deleted_by == "ttl"
 
 
-def test_gc_runs_periodically_while_a_harness_runs(home: Path) -> None:
-    with make_harness(home, gc_interval=0.05) as harness:
+def test_gc_runs_periodically_while_a_harness_runs(home: Path, catalog_url: str | None) -> None:
+    with make_harness(home, catalog_url, gc_interval=0.05) as harness:
         offload(harness.task("t1", retention=Retention(ttl=0.3)), "c1")
         deadline = time.monotonic() + 10
         while harness.catalog.artifacts("t1") and time.monotonic() < deadline:
@@ -242,12 +253,12 @@ def test_a_pinned_artifact_of_a_task_past_keep_after_close_is_kept_and_gc_stays_
 
 
 def test_a_task_reopened_while_collection_deletes_it_gets_whole_storage(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, monkeypatch: pytest.MonkeyPatch, catalog_url: str | None
 ) -> None:
     """Seen with the MCP proxy: one process closed a task with no artifacts (due for
     deletion), the next opened it while its collector deleted it, and got a folder without
     offload/. The opener now waits for the deletion, then makes the folders afresh."""
-    with make_harness(home) as harness:
+    with make_harness(home, catalog_url) as harness:
         harness.task("t1").close()  # no artifacts: due for deletion ("expired")
         real_rmtree = shutil.rmtree
         deleting = threading.Event()
@@ -278,3 +289,56 @@ def test_a_task_reopened_while_collection_deletes_it_gets_whole_storage(
         assert task.read("c1") == payload("a").encode()
         assert (task.storage.work).is_dir()
         task.close(delete=True)
+
+
+_HOST = """
+import json, sys
+from spillbox import Harness
+from spillbox import gc
+harness = Harness(sandbox="none", home=sys.argv[1], gc_interval=-1, catalog_url=sys.argv[2])
+sys.stdin.readline()  # both hosts are up: collect at once
+removed = gc.collect(harness, grace=0)
+print(json.dumps([[r.kind, r.task_id, r.what] for r in removed]))
+harness.close()
+"""
+
+
+def test_two_hosts_collecting_one_postgres_catalog_at_once_delete_each_thing_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Two harness processes with homes of their own (two hosts) share one Postgres catalog
+    and collect at the same moment: every expired artifact and every task past its keep
+    period is deleted by exactly one of them, and neither fails."""
+    home_a, home_b = tmp_path / "host-a", tmp_path / "host-b"
+    expiring = {f"t{t}": [f"c{c}" for c in range(30)] for t in range(8)}
+    with make_harness(home_a, postgres_url) as setup:
+        for task_id, calls in expiring.items():
+            task = setup.task(task_id, retention=Retention(ttl=1))
+            for call_id in calls:
+                offload(task, call_id)
+        for k in range(6):
+            closing = setup.task(f"k{k}", retention=Retention(keep_after_close=1))
+            offload(closing, "c0")
+            closing.close()
+    time.sleep(1.1)  # real time: the collectors are other processes
+    outputs = run_at_once(
+        [[sys.executable, "-c", _HOST, str(home), postgres_url] for home in (home_a, home_b)]
+    )
+    assert [(code, err) for code, _, err in outputs] == [(0, "")] * 2
+    removed = [tuple(r) for _, out, _ in outputs for r in json.loads(out)]
+    artifacts = [r for r in removed if r[0] == "artifact"]
+    tasks = [r for r in removed if r[0] == "task"]
+    expected = {("artifact", t, c) for t, calls in expiring.items() for c in calls}
+    assert len(artifacts) == len(set(artifacts)) and set(artifacts) == expected
+    assert sorted(tasks) == [("task", f"k{k}", f"k{k}") for k in range(6)]
+    with make_harness(home_a, postgres_url) as harness:
+        for task_id, calls in expiring.items():
+            deletions = [e for e in harness.catalog.audit(task_id) if e.action == "delete"]
+            assert sorted(e.artifact_id or "" for e in deletions) == sorted(calls)
+        for k in range(6):
+            row = harness.catalog.task(f"k{k}")
+            assert row is not None and row.state == "deleted"
+        # Host B deleted some of host A's rows: host A's own sweep removes their files.
+        spillbox_gc.collect(harness, grace=0)
+        assert harness.gc() == []
+    assert files_under(home_a) == [f"tasks/{t}/task-id" for t in sorted(expiring)]

@@ -84,6 +84,9 @@ class Settings:
     """The retention policy of tasks opened without one of their own."""
     gc_interval: float = DEFAULT_GC_INTERVAL
     """Seconds between garbage collections while a harness runs (0: only at start; <0: never)."""
+    catalog_url: str | None = None
+    """The catalog's database (SPILLBOX_CATALOG_URL): None for SQLite in the home, or a
+    Postgres URL (postgresql://USER:PASSWORD@HOST/DB) that several harness hosts share."""
     endpoint: ModelEndpoint | None = None
     """A real model for the loop: SPILLBOX_MODEL_PROVIDER (openai|anthropic),
     SPILLBOX_MODEL_BASE_URL, SPILLBOX_MODEL_API_KEY, SPILLBOX_MODEL."""
@@ -118,6 +121,7 @@ class Settings:
             retention=retention,
             gc_interval=DEFAULT_GC_INTERVAL if not gc_interval else _gc_interval(gc_interval),
             endpoint=_endpoint(env),
+            catalog_url=env.get("SPILLBOX_CATALOG_URL") or None,
         )
 
 

@@ -1,8 +1,11 @@
 """Garbage collection: what retention says must go, and whatever was orphaned.
 
 Idempotent, and safe when several processes run it at once: a file lock in the home
-serialises collectors, and each deletion tolerates one that already happened. Runs when
-a harness starts, periodically while it runs, and as `spillbox gc [--dry-run]`.
+serialises the collectors of one home, each expired artifact and each task past its keep
+period is claimed in the catalog before it is deleted (so collectors on several hosts
+sharing a Postgres catalog never delete the same thing), and each deletion tolerates one
+that already happened. Runs when a harness starts, periodically while it runs, and as
+`spillbox gc [--dry-run]`.
 """
 
 from __future__ import annotations
@@ -69,21 +72,20 @@ def collect(
     now = time.time()
     # One collector at a time per home; a second one waits, then finds little to do.
     with exclusive(home / LOCK_FILE):
-        for row in catalog.expired(now):
+        for row in _expired(catalog, now, dry_run):
             removed.append(Removal("artifact", row.task_id, row.artifact_id, "ttl"))
             if not dry_run:
                 harness.delete_artifact(row, by="ttl")
         for task in catalog.tasks(("closed",)):
             if _past_keep(harness, task.task_id, now) is None:
                 continue
-            # Decided again under the task's open lock: a process may be re-opening it.
-            with unless_open(harness.backend.storage(task.task_id)) as nobody_has_it:
-                reason = _past_keep(harness, task.task_id, now) if nobody_has_it else None
-                if reason is None:
-                    continue
-                removed.append(Removal("task", task.task_id, task.task_id, reason))
+            if not dry_run and not catalog.claim_task(task.task_id, now):
+                continue  # another collector (another host) is removing it
+            try:
+                removed.extend(_remove_task(harness, task.task_id, now, dry_run))
+            finally:
                 if not dry_run:
-                    harness.remove(task.task_id, by=reason)
+                    catalog.release_task(task.task_id)
         known = {task.task_id for task in catalog.tasks()}
         # A closed task keeps its storage until retention says otherwise, but needs no
         # container: reopening it starts a new one over the same payloads. A container is
@@ -99,6 +101,27 @@ def collect(
             removed.append(Removal("container", "", what, "task closed, unknown or deleted"))
         removed.extend(_sweep_storage(harness, known, dry_run, now - grace))
     return removed
+
+
+def _expired(catalog: Catalog, now: float, dry_run: bool) -> Iterator[ArtifactRow]:
+    """The expired artifacts to delete: in a dry run all of them; otherwise those this
+    collector claimed, batch after batch, until none is left unclaimed."""
+    if dry_run:
+        yield from catalog.expired(now)
+        return
+    while batch := catalog.claim_expired(now):
+        yield from batch
+
+
+def _remove_task(harness: Collected, task_id: str, now: float, dry_run: bool) -> list[Removal]:
+    # Decided again under the task's open lock: a process may be re-opening it.
+    with unless_open(harness.backend.storage(task_id)) as nobody_has_it:
+        reason = _past_keep(harness, task_id, now) if nobody_has_it else None
+        if reason is None:
+            return []
+        if not dry_run:
+            harness.remove(task_id, by=reason)
+        return [Removal("task", task_id, task_id, reason)]
 
 
 def _past_keep(harness: Collected, task_id: str, now: float) -> str | None:

@@ -90,6 +90,7 @@ class Harness(_ClosedOnExit):
         options: SandboxOptions | None = None,
         retention: Retention | None = None,
         gc_interval: float | None = None,
+        catalog_url: str | None = None,
     ) -> None:
         settings = Settings.from_env(environ)
         overrides: dict[str, Any] = {
@@ -98,12 +99,13 @@ class Harness(_ClosedOnExit):
             "policy": policy,
             "retention": retention,
             "gc_interval": gc_interval,
+            "catalog_url": catalog_url,
         }
         settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         self.settings = settings
         self.policy = settings.policy
         self.counter = counter or default_counter(settings.policy.encoding)
-        self.catalog = Catalog(settings.home)
+        self.catalog = Catalog(settings.home, url=settings.catalog_url)
         self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home, options)
         self._holds: dict[str, tuple[OpenHold, int]] = {}
         """The open hold of each task this harness has open, with how many Task objects share it."""

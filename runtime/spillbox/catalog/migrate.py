@@ -1,0 +1,138 @@
+"""Bringing a catalog's schema to the newest revision, once, whatever starts at the same time.
+
+The migrations are Alembic revisions (migrations/versions/), one history for SQLite and
+Postgres. They run inside one transaction that first takes a lock: Postgres's transaction
+advisory lock, SQLite's write lock (BEGIN IMMEDIATE). A second process starting at the same
+moment waits for the first, then finds the schema current and runs nothing.
+
+A SQLite catalog from before Alembic recorded its migrations by name (or, earlier, by
+number) in schema_migrations; it is adopted in place: stamped at the revision of the same
+name, then upgraded like any other. schema_migrations stays, with one more row, so that a
+spillbox from before refuses the catalog (a newer schema) rather than writing to it.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from functools import cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, inspect, text
+
+from spillbox.catalog.database import WRITE
+from spillbox.errors import ConfigError
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+LOCK_KEY = zlib.crc32(b"spillbox catalog migrations")
+"""The Postgres advisory lock that migrations run under (any constant; this one is named)."""
+LEGACY_NAMES = (
+    "create_tasks_artifacts_and_access_log",
+    "index_artifacts_by_digest",
+    "record_artifact_kind",
+)
+"""The migrations spillbox recorded in schema_migrations before Alembic, in order: the
+revisions 0001, 0002 and 0003 (versions/0001_create_tasks_artifacts_and_access_log.py...)
+do the same."""
+MOVED_TO_ALEMBIC = "moved_to_alembic"
+
+
+@cache
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+@cache
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config())
+
+
+def head() -> str:
+    """The newest revision this spillbox knows."""
+    found = _script().get_current_head()
+    assert found is not None
+    return found
+
+
+def known() -> frozenset[str]:
+    return frozenset(script.revision for script in _script().walk_revisions())
+
+
+def current(connection: Connection) -> str | None:
+    """The database's revision (None: no Alembic history yet)."""
+    revision: str | None = MigrationContext.configure(connection).get_current_revision()
+    return revision
+
+
+def upgrade(engine: Engine, where: str) -> bool:
+    """Bring the schema to head under the migration lock; True if this call changed it."""
+    with engine.connect() as connection:
+        found = current(connection)
+        connection.rollback()
+    if found == head():
+        return False
+    with engine.connect() as connection:
+        connection.execution_options(**{WRITE: True})
+        with connection.begin():
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
+            found = current(connection)  # again: whoever held the lock may have migrated
+            if found is None:
+                found = _adopt_legacy(connection, where)
+            if found == head():
+                return False
+            if found is not None and found not in known():
+                raise _newer(where, found)
+            config = _config()
+            config.attributes["connection"] = connection
+            try:
+                command.upgrade(config, "head")
+            finally:
+                config.attributes.pop("connection", None)
+    return True
+
+
+def _adopt_legacy(connection: Connection, where: str) -> str | None:
+    """Stamp a pre-Alembic catalog at the revision its records name; None if it has none."""
+    if not inspect(connection).has_table("schema_migrations"):
+        return None
+    named = "name" in {c["name"] for c in inspect(connection).get_columns("schema_migrations")}
+    rows = connection.execute(
+        text(f"SELECT version, {'name' if named else 'NULL'} FROM schema_migrations")
+    ).all()
+    if not rows:
+        return None
+    names = []
+    for version, name in rows:
+        if name is None and 1 <= version <= len(LEGACY_NAMES):
+            name = LEGACY_NAMES[version - 1]  # recorded by number, before names
+        if name not in LEGACY_NAMES:
+            raise _newer(where, str(name or version))
+        names.append(name)
+    revision = f"{max(LEGACY_NAMES.index(name) for name in names) + 1:04d}"
+    config = _config()
+    config.attributes["connection"] = connection
+    try:
+        command.stamp(config, revision)
+    finally:
+        config.attributes.pop("connection", None)
+    marker: dict[str, object] = {"version": len(LEGACY_NAMES) + 1, "applied_at": time.time()}
+    if named:
+        marker["name"] = MOVED_TO_ALEMBIC
+    columns = ", ".join(marker)
+    values = ", ".join(f":{column}" for column in marker)
+    connection.execute(text(f"INSERT INTO schema_migrations ({columns}) VALUES ({values})"), marker)
+    return revision
+
+
+def _newer(where: str, revision: str) -> ConfigError:
+    return ConfigError(
+        f"the catalog {where} has schema version {revision!r}, newer than this spillbox "
+        f"knows ({head()!r}): upgrade spillbox"
+    )
