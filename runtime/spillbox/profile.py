@@ -474,12 +474,13 @@ def _mark(stack: list[_Frame], read: int) -> None:
             frame.marks[1:] = [(read, frame.count)]
 
 
+_STARTS_KEPT = 8
+"""First keys kept per array: enough to tell two kinds of records apart."""
+
+
 def _started(starts: set[str], key: str) -> None:
     if len(starts) < _STARTS_KEPT:
         starts.add(key)
-
-
-_STARTS_KEPT = 8
 
 
 def _one_container(frame: _Frame, back: _Back) -> bool:
