@@ -101,9 +101,11 @@ def test_the_hints_of_a_scanned_payload_with_two_arrays_run(harness: Harness) ->
     assert fields["records"] == "items, 6,000 objects"
 
 
-def test_the_hints_of_a_40_mb_wrapped_payload_run(harness: Harness) -> None:
+@pytest.mark.parametrize("megabytes", [40, 72])
+def test_the_hints_of_a_large_wrapped_payload_run(harness: Harness, megabytes: int) -> None:
+    """72 MB: past the 64 MiB that DuckDB's JSON reader was once bounded to, one object."""
     builder, path, _ = SHAPES["slack_history"]
-    text, count = at_least(builder, 40 * 1024 * 1024)
+    text, count = at_least(builder, megabytes * 1024 * 1024)
     value = json.loads(text)
     with harness.task("wrapped-large") as task:
         [admitted] = task.admit([ToolResult(call_id="big", tool="api", content=text)])

@@ -58,10 +58,11 @@ START_LOCK = f"{CACHE}/engine.lock"
 ENGINE_LOG = f"{CACHE}/engine.log"
 LOADED = "_spillbox_loaded"
 READERS = {
-    "json": "read_json_auto('{path}', maximum_object_size=67108864)",
+    "json": "read_json_auto('{path}', maximum_object_size={size})",
     "ndjson": "read_json_auto('{path}', format='newline_delimited')",
     "csv": "read_csv_auto('{path}')",
 }
+MIN_OBJECT_SIZE = 64 * 1024 * 1024
 PATH_READERS = {
     "json": {"read_json_auto", "read_json"},
     "ndjson": {"read_json_auto", "read_json", "read_ndjson_auto", "read_ndjson"},
@@ -263,7 +264,11 @@ class Loader:
         found = cursor.execute(f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]).fetchone()
         if found is not None and found[0] == stamp:
             return
-        reader = READERS[ext].format(path=os.path.join(OFFLOAD, name).replace("'", "''"))
+        path = os.path.join(OFFLOAD, name).replace("'", "''")
+        # A JSON document is one object to DuckDB: records wrapped in an envelope are as
+        # large as the whole file, so the bound is the file's size (64 MiB at least).
+        size = max(MIN_OBJECT_SIZE, info.st_size + 1)
+        reader = READERS[ext].format(path=path, size=size)
         cursor.execute("BEGIN TRANSACTION")
         try:
             cursor.execute(f"CREATE OR REPLACE TABLE {quote(stem)} AS SELECT * FROM {reader}")
