@@ -136,3 +136,37 @@ def run_at_once(commands: list[list[str]], timeout: float = 120) -> list[tuple[i
         proc.stdin.flush()
     outputs = [proc.communicate(timeout=timeout) for proc in procs]
     return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]
+
+
+ON_BOTH_DATABASES = ("test_retention", "test_retention_cli", "test_harness")
+"""Test modules of the harness's behaviour that run twice: on SQLite, and on Postgres."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Property tests are left on SQLite: each example makes a home of its own, and all of
+    # a test's examples would share its one Postgres database.
+    if metafunc.module is None or hasattr(metafunc.function, "hypothesis"):
+        return
+    if Path(str(metafunc.module.__file__)).stem in ON_BOTH_DATABASES:
+        metafunc.parametrize("harness_catalog", BACKENDS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def harness_catalog(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """In the modules of ON_BOTH_DATABASES, a second run with every harness's catalog on a
+    fresh Postgres database: the harnesses those tests make (some with environ={}, some
+    through the CLI) get it as if configured, and their subprocesses through
+    SPILLBOX_CATALOG_URL. Elsewhere, and in the first run, nothing changes (SQLite)."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        return None
+    import spillbox.harness
+    from spillbox.catalog import Catalog
+
+    postgres: str = request.getfixturevalue("postgres_url")
+    monkeypatch.setenv("SPILLBOX_CATALOG_URL", postgres)
+
+    def configured(home: Path, url: str | None = None, **options: float) -> Catalog:
+        return Catalog(home, url=url or postgres, **options)
+
+    monkeypatch.setattr(spillbox.harness, "Catalog", configured)
+    return postgres

@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from catalog_backends import catalog_url, postgres_server, postgres_url  # noqa: F401
+from catalog_backends import (  # noqa: F401
+    catalog_url,
+    harness_catalog,
+    postgres_server,
+    postgres_url,
+    pytest_generate_tests,
+)
 
 TEST_LABEL = "spillbox.test"
 
