@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox.config import Policy
-from spillbox.gate import WITHHELD, Decision, Offload, admit
+from spillbox.errors import ConfigError
+from spillbox.gate import WITHHELD, Decision, Offload, PerCallLimit, admit
 from spillbox.tokens import TokenCounter, default_counter
 from spillbox.types import TokenCount, ToolResult
 
@@ -312,3 +313,30 @@ def test_same_step_gives_the_same_decisions(results: list[ToolResult], aggregate
     assert [(d.text, d.reason, d.inline_tokens) for d in first] == [
         (d.text, d.reason, d.inline_tokens) for d in second
     ]
+
+
+def test_the_dynamic_per_call_limit_is_a_share_of_what_remains() -> None:
+    policy = Policy(per_call_share=0.3)
+    result = ToolResult("c1", "t", words(2_000))
+    for remaining in (None, 100_000):  # none said, or 30% of it above the fixed 6,000
+        decisions = admit([result], policy, default_counter(), FakeStore(), remaining)
+        assert decisions[0].reason is None, remaining
+    decisions = admit([result], policy, default_counter(), store := FakeStore(), 4_000)
+    assert decisions[0].reason == "per_call"
+    [request] = store.calls
+    assert request.per_call == PerCallLimit(1_200, 0.3, 4_000)
+    assert request.per_call.describe() == (
+        "1200-token dynamic per-call limit: 30% of the 4000 tokens left for tool results"
+    )
+    # Nothing left: results no larger than a notice still stay, offloading them saves nothing.
+    small = ToolResult("c2", "t", words(policy.notice_max_tokens - 10))
+    assert admit([small], policy, default_counter(), FakeStore(), 0)[0].reason is None
+    assert PerCallLimit.of(policy, 0).tokens == policy.notice_max_tokens
+    # Without a share, what remains changes nothing.
+    assert PerCallLimit.of(Policy(), 10) == PerCallLimit(Policy().per_call_tokens)
+
+
+@pytest.mark.parametrize("share", [0, -0.1, 1.5, True, "0.3"])
+def test_a_per_call_share_outside_0_to_1_is_refused_naming_it(share: object) -> None:
+    with pytest.raises(ConfigError, match="per_call_share must be a share above 0"):
+        Policy(per_call_share=share)  # type: ignore[arg-type]

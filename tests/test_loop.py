@@ -20,7 +20,7 @@ import spillbox.loop
 from spillbox import ConfigError, Harness, Settings, SpillboxError, Task, parse_notice
 from spillbox.budget import Budget, BudgetExceeded, default_routes
 from spillbox.compaction import Fallback
-from spillbox.config import ModelEndpoint
+from spillbox.config import ModelEndpoint, Policy
 from spillbox.loop import (
     AnthropicModel,
     OpenAIChatModel,
@@ -540,6 +540,33 @@ def test_a_long_session_stays_inside_a_small_window_with_the_fallback(task: Task
         {"role": "system", "content": "You are a careful build engineer."},
         {"role": "user", "content": "Read all forty logs."},
     ]
+
+
+def test_late_in_a_session_the_dynamic_per_call_limit_offloads_smaller_results(
+    home: Path,
+) -> None:
+    """Each log (~1.4k tokens) is far under the fixed 6k; with 30% of what the
+    tool_results route has left as the limit, the later ones go to the sandbox, and the
+    session fits where the fixed limit alone runs out of room."""
+    budget = Budget(window=32_000)
+    session = (ScriptedModel(long_session(10)), "Read ten logs.", [UserTool(LOGS, log_tool)])
+    dynamic = Policy(per_call_share=0.3)
+    with Harness(sandbox="none", home=home, policy=dynamic, gc_interval=-1) as harness:
+        with harness.task("dynamic") as task:
+            result = run(task, *session, budget=budget)
+    with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
+        with harness.task("fixed") as task, pytest.raises(BudgetExceeded) as raised:
+            run(task, *session, budget=budget)
+    offloaded = [item.offloaded for step in result.steps for item in step.admitted]
+    assert offloaded[:3] == [False] * 3 and offloaded[-3:] == [True] * 3, offloaded
+    notice = parse_notice(result.steps[-1].admitted[0].text)
+    assert notice is not None
+    room = result.reports[-2].room("tool_results")
+    assert notice["reason"] == (
+        f"per_call (over the {int(0.3 * room)}-token dynamic per-call limit: 30% of the "
+        f"{room} tokens left for tool results)"
+    )
+    assert raised.value.route == "tool_results"
 
 
 def test_a_budget_too_small_for_the_system_prompt_fails_before_any_call(task: Task) -> None:

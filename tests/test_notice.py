@@ -11,6 +11,7 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillbox.gate import PerCallLimit
 from spillbox.notice import (
     CLOSE,
     OPEN,
@@ -44,7 +45,7 @@ def facts_for(text: str, **changes: object) -> NoticeFacts:
         end=text[-2 * PREVIEW :],
         length=len(text),
         hints=(Hint("sql", 'SELECT count(*) AS n FROM "c1"'),),
-        per_call_limit=6_000,
+        per_call_limit=PerCallLimit(6_000).describe(),
         aggregate_limit=10_000,
     )
     return replace(facts, **changes)  # type: ignore[arg-type]

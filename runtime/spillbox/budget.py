@@ -149,6 +149,13 @@ class BudgetReport:
     def route(self, name: str) -> RouteUse:
         return next(r for r in self.routes if r.name == name)
 
+    def room(self, name: str) -> int:
+        """Tokens a route may still take before its hard limit, within what the window
+        holds; the window's headroom alone for a route the budget does not have."""
+        route = next((r for r in self.routes if r.name == name), None)
+        left = self.headroom if route is None else min(route.limit - route.used, self.headroom)
+        return max(left, 0)
+
     @property
     def over_soft(self) -> list[RouteUse]:
         return [r for r in self.routes if r.over_soft]
@@ -259,6 +266,11 @@ class Budget:
 
     def route(self, name: str) -> Route:
         return self._routes[name]
+
+    def route_counting(self, kind: str) -> str:
+        """The route a kind of content (system, tools, history, tool_results, retrieved)
+        counts against."""
+        return self._kinds[kind]
 
     @property
     def input_limit(self) -> int:

@@ -53,12 +53,23 @@ class Policy:
     """The notice previews this many characters of the payload's head and of its tail."""
     encoding: str = DEFAULT_ENCODING
     """The tiktoken encoding that counts tokens (ignored when a custom counter is given)."""
+    per_call_share: float | None = None
+    """The dynamic per-call limit: a step told how many tokens remain for tool results (the
+    loop is, by its budget) offloads a result over this share of them, never above
+    per_call_tokens and never below notice_max_tokens. None: per_call_tokens alone."""
 
     def __post_init__(self) -> None:
         for name in ("per_call_tokens", "aggregate_tokens", "notice_max_tokens", "preview_chars"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+        share = self.per_call_share
+        if share is not None and (
+            not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1
+        ):
+            raise ConfigError(
+                f"per_call_share must be a share above 0 and at most 1 (0.3 for 30%), got {share!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Rules, in order:
 1. A result that is not text (not UTF-8, or holding a NUL) is offloaded ("binary").
 2. A result over the per-call threshold is offloaded ("per_call"); deciding this costs
-   time bounded by the threshold (tokens.count_within), never a full count.
+   time bounded by the threshold (tokens.count_within), never a full count. The threshold
+   is the policy's per_call_tokens, or, with a per_call_share and the tokens that remain
+   for tool results, that share of them where it is lower (PerCallLimit).
 3. If the step's inline total (notices included) is over the aggregate threshold, the
    largest inline result is offloaded ("aggregate"), then the next largest, until it
    fits. Error results go only after every non-error result; ties go by call order,
@@ -32,6 +34,38 @@ WITHHELD = (
 
 
 @dataclass(frozen=True)
+class PerCallLimit:
+    """The per-call threshold a step is gated by, and the rule that set it."""
+
+    tokens: int
+    share: float | None = None
+    """Set when the dynamic rule applied: this share of `remaining`."""
+    remaining: int | None = None
+
+    @classmethod
+    def of(cls, policy: Policy, remaining: int | None = None) -> PerCallLimit:
+        """The fixed limit, or the dynamic one where the policy has a share, the caller
+        said what remains for tool results, and that share of it is lower (never below a
+        notice's size: offloading a smaller result would not save anything)."""
+        share = policy.per_call_share
+        if share is None or remaining is None:
+            return cls(policy.per_call_tokens)
+        dynamic = max(int(share * max(remaining, 0)), policy.notice_max_tokens)
+        if dynamic >= policy.per_call_tokens:
+            return cls(policy.per_call_tokens)
+        return cls(dynamic, share, remaining)
+
+    def describe(self) -> str:
+        """'6000-token per-call limit', or the dynamic rule with what it was a share of."""
+        if self.share is None:
+            return f"{self.tokens}-token per-call limit"
+        return (
+            f"{self.tokens}-token dynamic per-call limit: {self.share:.0%} of the "
+            f"{self.remaining} tokens left for tool results"
+        )
+
+
+@dataclass(frozen=True)
 class Offload:
     """What the gate asks the task to do with one result: store it and return a notice."""
 
@@ -40,6 +74,8 @@ class Offload:
     text: str | None
     reason: Reason
     tokens: TokenCount | None
+    per_call: PerCallLimit
+    """The per-call limit of the step, which a per_call notice names."""
 
 
 OffloadFn = Callable[[Offload], tuple[Artifact, str, int]]
@@ -66,22 +102,28 @@ def admit(
     policy: Policy,
     counter: TokenCounter,
     offload: OffloadFn,
+    remaining: int | None = None,
 ) -> list[Decision]:
-    """Gate one step's results; offload(...) stores what does not stay inline."""
+    """Gate one step's results; offload(...) stores what does not stay inline.
+
+    remaining: tokens that remain for tool results (a budget's tool_results route), for
+    the policy's dynamic per-call limit; None: the fixed one."""
     decisions: list[Decision | None] = [None] * len(results)
     inline: dict[int, tuple[str, int]] = {}
     payloads = [r.payload() for r in results]
+    per_call = PerCallLimit.of(policy, remaining)
 
     def store(i: int, reason: Reason, tokens: TokenCount | None) -> None:
         data, text = payloads[i]
-        artifact, notice, notice_tokens = offload(Offload(results[i], data, text, reason, tokens))
+        request = Offload(results[i], data, text, reason, tokens, per_call)
+        artifact, notice, notice_tokens = offload(request)
         decisions[i] = Decision(results[i], notice, notice_tokens, tokens, reason, artifact)
 
     for i, (_, text) in enumerate(payloads):
         if text is None:
             store(i, "binary", None)
             continue
-        within, exact = count_within(counter, text, policy.per_call_tokens)
+        within, exact = count_within(counter, text, per_call.tokens)
         if within and exact is not None:
             inline[i] = (text, exact)
         else:

@@ -123,7 +123,9 @@ def run(
     With a budget, the history (in the Chat Completions shape the loop keeps) is checked
     before every model call: over a soft limit the compactor makes room (the history
     continues from the compacted one), over a hard limit BudgetExceeded is raised before
-    the call. Each check's report is in LoopResult.reports.
+    the call. Each check's report is in LoopResult.reports. The step's results are then
+    gated with what the tool_results route has left, for a policy's dynamic per-call
+    limit (Policy.per_call_share).
     """
     started = time.monotonic()
     toolset = Toolset(task)
@@ -141,19 +143,21 @@ def run(
     counter = task.counter
     definitions = [spec.definition("openai") for spec in specs]
     for _ in range(max_steps):
+        remaining = None
         if budget is not None:
             report = budget.check(
                 {"messages": messages, "tools": definitions}, "chat_completions", compactor
             )
             messages[:] = report.request["messages"]
             result.reports.append(report)
+            remaining = report.room(budget.route_counting("tool_results"))
         turn = model.respond(messages, specs)
         messages.append(_assistant_message(turn))
         if not turn.tool_calls:
             result.answer = turn.text
             break
         results = [_call(call, user_tools, toolset) for call in turn.tool_calls]
-        admitted = task.admit(results)
+        admitted = task.admit(results, remaining)
         for call, item in zip(turn.tool_calls, admitted, strict=True):
             messages.append({"role": "tool", "tool_call_id": call.id, "content": item.text})
         result.steps.append(Step(list(turn.tool_calls), admitted))

@@ -49,7 +49,7 @@ MIN_ID_CHARS = 16
 BINARY_HEAD_BYTES = 16
 
 _REASONS = {
-    "per_call": "over the {per_call}-token per-call limit",
+    "per_call": "over the {per_call}",
     "aggregate": "the step was over the {aggregate}-token limit; largest offloaded first",
     "binary": "not UTF-8 text",
     "compaction": "an older tool result moved out of the conversation history",
@@ -96,7 +96,8 @@ class NoticeFacts:
     """The payload's length in characters (0 if binary)."""
     binary_head: bytes = b""
     hints: Sequence[Hint] = ()
-    per_call_limit: int = 0
+    per_call_limit: str = ""
+    """The per-call limit that applied, as PerCallLimit.describe() says it."""
     aggregate_limit: int = 0
     redactions: int | None = None
     """Secrets replaced before storing, when the task's policy redacts (None: it does not)."""

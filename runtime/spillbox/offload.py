@@ -177,7 +177,7 @@ def _notice(
         length=len(text),
         binary_head=data[:16] if request.text is None else b"",
         hints=dest.hints(artifact),
-        per_call_limit=policy.per_call_tokens,
+        per_call_limit=request.per_call.describe(),
         aggregate_limit=policy.aggregate_tokens,
         redactions=redactions if dest.retention.redact else None,
     )
