@@ -24,7 +24,7 @@ from spillbox import codemode, gc
 from spillbox.catalog import Catalog
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
-from spillbox.gate import Offload, admit
+from spillbox.gate import Offload, PerCallLimit, admit
 from spillbox.notice import Hint
 from spillbox.offload import Destination, offload
 from spillbox.redaction import Redaction, redact_payload
@@ -279,8 +279,13 @@ class Task(_ClosedOnExit):
         the notices' hints name them, with ready-to-send arguments."""
         self.tools = frozenset(names)
 
-    def admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
+    def admit(
+        self, results: Sequence[ToolResult], remaining: int | None = None
+    ) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate).
+
+        remaining: the tokens a budget still has for tool results, for the policy's
+        dynamic per-call limit (Policy.per_call_share); None: the fixed limit.
 
         Under a redacting policy every text result is redacted first, so a secret reaches
         neither the sandbox nor the model, inline or offloaded; the access log records each
@@ -292,7 +297,7 @@ class Task(_ClosedOnExit):
         with self._lock:
             self._redactions = redacted
             try:
-                decisions = admit(results, self.policy, self.counter, self._offload)
+                decisions = admit(results, self.policy, self.counter, self._offload, remaining)
             finally:
                 self._redactions = {}
         for d in decisions:
@@ -326,7 +331,7 @@ class Task(_ClosedOnExit):
         tokens = None if text is None else total(self.counter, text)
         with self._lock:
             artifact, notice, notice_tokens = self._offload(
-                Offload(result, data, text, reason, tokens)
+                Offload(result, data, text, reason, tokens, PerCallLimit.of(self.policy))
             )
         return Admitted(
             call_id=result.call_id,

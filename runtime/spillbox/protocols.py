@@ -29,7 +29,9 @@ class TaskHandle(Protocol):
     languages: tuple[str, ...]
     """The code-mode languages the task's sandbox runs (none with sandbox="none")."""
 
-    def admit(self, results: Sequence[ToolResult]) -> list[Admitted]: ...
+    def admit(
+        self, results: Sequence[ToolResult], remaining: int | None = None
+    ) -> list[Admitted]: ...
 
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted: ...
 
