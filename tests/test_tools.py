@@ -304,8 +304,10 @@ def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
             names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
             assert names == ["sandbox_exec", "read_artifact", "list_artifacts"]
         [spec] = [s for s in toolset.specs() if s.name == "sandbox_exec"]
-        assert spec.parameters["required"] == ["lang", "code", "artifact", "timeout"]
-        assert nullable(spec) == {"artifact", "timeout"}
+        assert spec.parameters["required"] == [
+            "lang", "code", "artifact", "timeout", "session", "reset_session"
+        ]
+        assert nullable(spec) == {"artifact", "timeout", "session", "reset_session"}
         assert spec.parameters["properties"]["lang"]["enum"] == list(LANGS)
 
 
@@ -416,7 +418,9 @@ def recording(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rec
     harness.backend.languages = LANGS
     calls: list[dict[str, Any]] = []
 
-    def exec_(lang: str, code: str, timeout: float = -1, artifact: str | None = None) -> Any:
+    def exec_(
+        lang: str, code: str, timeout: float = -1, artifact: str | None = None, **_: bool
+    ) -> Any:
         calls.append({"lang": lang, "code": code, "timeout": timeout, "artifact": artifact})
         return ExecResult(0, "42\n", "", False, None, False, False)
 

@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     exec_.add_argument("--lang", required=True, choices=LANGS)
     exec_.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     exec_.add_argument("--artifact", help="the artifact a jq filter runs over (id or file name)")
+    exec_.add_argument(
+        "--session",
+        action="store_true",
+        help="python: run in the task's persistent session (names from earlier calls remain)",
+    )
+    exec_.add_argument(
+        "--reset-session",
+        action="store_true",
+        help="python: start the task's session afresh, then run CODE in it",
+    )
     exec_.add_argument("code", metavar="CODE", help="the script, or - to read it from stdin")
     exec_.set_defaults(func=_exec)
 
@@ -299,7 +309,14 @@ def _admitted_json(item: Admitted) -> dict[str, Any]:
 def _exec(args: argparse.Namespace) -> int:
     code = sys.stdin.read() if args.code == "-" else args.code
     with _harness(args) as harness, _task(args, harness) as task:
-        result = task.exec(args.lang, code, timeout=args.timeout, artifact=args.artifact)
+        result = task.exec(
+            args.lang,
+            code,
+            timeout=args.timeout,
+            artifact=args.artifact,
+            session=args.session,
+            reset_session=args.reset_session,
+        )
     if args.json:
         print(json.dumps(result.as_json(), ensure_ascii=False))
     else:

@@ -6,6 +6,13 @@
 Every artifact of a JSON, NDJSON or CSV shape is a table named after its id in SQL; jq
 takes a filter and the artifact to run it over; python has duckdb, pyarrow and jq; sh
 has jq and the usual tools.
+
+python runs stateless by default (a fresh process per call); with session=True it runs as a
+cell of the task's persistent Python session, where names from earlier session calls remain
+(reset_session=True starts it afresh first):
+
+    task.exec("python", "df = con.sql('SELECT * FROM \"c1\"').arrow()", session=True)
+    task.exec("python", "df.num_rows", session=True)       # the table from the call before
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from spillbox.errors import ExecError
 from spillbox.notice import Hint
 from spillbox.profile import path_text
 from spillbox.protocols import TaskHandle
-from spillbox.types import LANGS, Artifact, ExecResult, RawExec, ToolResult
+from spillbox.types import LANGS, Artifact, ExecResult, RawExec, SessionCall, ToolResult
 
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
@@ -27,8 +34,9 @@ TABLE_SHAPES = ("json_array", "json_object", "ndjson", "csv")
 """Shapes that the SQL engine loads as a table named after the artifact."""
 
 
-RawExecFn = Callable[[str, str, float], RawExec]
-"""Runs (lang, code, timeout) in the task's sandbox: the backend's exec, bound to the task."""
+RawExecFn = Callable[[str, str, float, SessionCall | None], RawExec]
+"""Runs (lang, code, timeout, session) in the task's sandbox: the backend's exec, bound to
+the task."""
 
 
 def run(
@@ -38,10 +46,13 @@ def run(
     code: str,
     timeout: float,
     artifact: str | None = None,
+    session: bool = False,
+    reset_session: bool = False,
 ) -> ExecResult:
     """Run a script in the task's sandbox and gate what it printed."""
     if lang not in LANGS:
         raise ExecError(f"unknown language {lang!r}: use one of {', '.join(LANGS)}")
+    call = session_call(lang, session, reset_session)
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ExecError(f"timeout must be between 0 and {MAX_TIMEOUT:.0f} seconds, got {timeout}")
     if lang == "jq":
@@ -51,7 +62,7 @@ def run(
         row for row in task.artifacts(include_deleted=True)
         if row.artifact_id in code or row.name in code
     ]  # fmt: skip
-    raw = raw_exec(lang, code, timeout)
+    raw = raw_exec(lang, code, timeout, call)
     stderr = raw.stderr.decode("utf-8", "replace")
     for row in referenced:
         if row.state == "live":
@@ -70,6 +81,18 @@ def run(
         timed_out=raw.timed_out,
         oom_killed=raw.oom_killed,
     )
+
+
+def session_call(lang: str, session: bool, reset: bool) -> SessionCall | None:
+    """What a call asks of the Python session: nothing (stateless), keep it, or reset it."""
+    if not (session or reset):
+        return None
+    if lang != "python":
+        raise ExecError(
+            f"the persistent session is Python's: session and reset_session go with lang "
+            f"python, not {lang}"
+        )
+    return "reset" if reset else "keep"
 
 
 def jq_command(task: TaskHandle, jq_filter: str, artifact: str | None) -> str:

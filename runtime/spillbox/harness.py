@@ -352,19 +352,25 @@ class Task(_ClosedOnExit):
         code: str,
         timeout: float = codemode.DEFAULT_TIMEOUT,
         artifact: str | None = None,
+        session: bool = False,
+        reset_session: bool = False,
     ) -> ExecResult:
         """Run a code-mode script in the task's sandbox; its output passes the gate.
 
-        artifact (an id, file name or call id) is what a jq filter runs over.
+        artifact (an id, file name or call id) is what a jq filter runs over. session
+        (python): run as a cell of the task's persistent session; reset_session: empty it
+        first.
         """
         backend, storage = self.harness.backend, self.storage
         return codemode.run(
             self,
-            lambda lang, code, timeout: backend.exec(storage, lang, code, timeout),
+            lambda lang, code, timeout, call: backend.exec(storage, lang, code, timeout, call),
             lang,
             code,
             timeout,
             artifact,
+            session,
+            reset_session,
         )
 
     def artifacts(self, include_deleted: bool = False) -> list[ArtifactRow]:

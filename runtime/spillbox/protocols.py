@@ -36,7 +36,13 @@ class TaskHandle(Protocol):
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted: ...
 
     def exec(
-        self, lang: Lang, code: str, timeout: float = ..., artifact: str | None = None
+        self,
+        lang: Lang,
+        code: str,
+        timeout: float = ...,
+        artifact: str | None = None,
+        session: bool = False,
+        reset_session: bool = False,
     ) -> ExecResult: ...
 
     def artifact(self, ref: str) -> ArtifactRow: ...

@@ -109,7 +109,12 @@ SPECS: dict[str, ToolSpec] = {
         'after its artifact id (quote it: SELECT count(*) FROM "c1"). jq runs a filter over '
         "one artifact (give artifact). python has duckdb, pyarrow and jq. sh has jq, grep, "
         "head, tail. Only what the script prints comes back; a large print becomes a new "
-        "artifact with a notice. No network.",
+        "artifact with a notice. No network. Write files to /sandbox/work (capped; lost if the "
+        "sandbox restarts). With session true, python runs as a cell of this task's "
+        "persistent session, like a notebook: names defined by earlier session calls are "
+        "still there, a last expression is printed, duckdb, pa (pyarrow) and jq are imported, "
+        "and con (duckdb's default connection) has every JSON, NDJSON or CSV artifact as a "
+        "table named after its id.",
         {
             "type": "object",
             "properties": {
@@ -120,8 +125,18 @@ SPECS: dict[str, ToolSpec] = {
                     "For jq: the artifact id or path to run the filter over; null otherwise.",
                 ),
                 "timeout": _optional("number", f"Seconds; null for {DEFAULT_TIMEOUT:g}."),
+                "session": _optional(
+                    "boolean",
+                    "python only: true runs the code in this task's persistent session, false "
+                    "in a fresh process; null for this task's default.",
+                ),
+                "reset_session": _optional(
+                    "boolean",
+                    "python only: true empties the persistent session first, then runs the "
+                    "code in it; null or false keeps it.",
+                ),
             },
-            "required": ["lang", "code", "artifact", "timeout"],
+            "required": ["lang", "code", "artifact", "timeout", "session", "reset_session"],
             "additionalProperties": False,
         },
         strict=True,
@@ -193,10 +208,15 @@ class Toolset:
     '[]'
     """
 
-    def __init__(self, task: TaskHandle, taken: Collection[str] = ()) -> None:
+    def __init__(
+        self, task: TaskHandle, taken: Collection[str] = (), python_session: bool = False
+    ) -> None:
         """taken: names of the model's other tools; one of ours that has such a name is
-        offered as PREFIX + name (and notices' hints say so once registered)."""
+        offered as PREFIX + name (and notices' hints say so once registered).
+        python_session: this task's default for python calls that do not say (session
+        null): run them in the task's persistent session."""
         self.task = task
+        self.python_session = python_session
         self.names = tool_names(task.languages, taken)
         self._signer = CursorSigner(task.home)
 
@@ -227,11 +247,15 @@ class Toolset:
             return _error(f"bad arguments for {name}: {e}")
 
     def _exec(self, args: dict[str, Any]) -> ToolOutput:
+        reset = bool(args.get("reset_session", False))
+        python = args["lang"] == "python"
         result = self.task.exec(
             args["lang"],
             str(args["code"]),
             timeout=float(args.get("timeout", DEFAULT_TIMEOUT)),
             artifact=args.get("artifact"),
+            session=bool(args.get("session", python and self.python_session)) or reset,
+            reset_session=reset,
         )
         body = json.dumps(result.as_json(), ensure_ascii=False)
         return ToolOutput(body, is_error=result.exit_code != 0)

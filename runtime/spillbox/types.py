@@ -22,6 +22,9 @@ Lang = Literal["sql", "jq", "python", "sh"]
 """The code-mode languages."""
 LANGS: tuple[str, ...] = get_args(Lang)
 
+SessionCall = Literal["keep", "reset"]
+"""A python call into the task's persistent session: as it is, or reset to empty first."""
+
 ShapeKind = Literal["json_array", "json_object", "json_scalar", "ndjson", "csv", "text", "binary"]
 
 EXTENSIONS: dict[ShapeKind, str] = {

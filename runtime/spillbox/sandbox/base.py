@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from spillbox.sandbox.storage import StoredFile, TaskStorage, stored_task_ids
-from spillbox.types import RawExec
+from spillbox.types import RawExec, SessionCall
 
 
 class SandboxBackend(ABC):
@@ -48,8 +48,16 @@ class SandboxBackend(ABC):
         """The payload's path as the model (and its scripts) see it."""
 
     @abstractmethod
-    def exec(self, storage: TaskStorage, lang: str, code: str, timeout: float) -> RawExec:
-        """Run a script in the task's sandbox."""
+    def exec(
+        self,
+        storage: TaskStorage,
+        lang: str,
+        code: str,
+        timeout: float,
+        session: SessionCall | None = None,
+    ) -> RawExec:
+        """Run a script in the task's sandbox; with session, a python cell in the task's
+        persistent Python session."""
 
     def read(self, storage: TaskStorage, name: str) -> bytes:
         return storage.read(name)

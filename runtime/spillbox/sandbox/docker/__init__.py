@@ -45,6 +45,7 @@ from spillbox.sandbox.docker.layout import (
     OFFLOAD_MOUNT,
     SANDBOX_GID,
     SCRIPT_UID,
+    SESSION_UID,
 )
 from spillbox.sandbox.docker.outcome import Outcome
 from spillbox.sandbox.docker.session import TaskSandbox
@@ -63,6 +64,7 @@ __all__ = [
     "OUTPUT_TAIL_BYTES",
     "SANDBOX_GID",
     "SCRIPT_UID",
+    "SESSION_UID",
     "DockerBackend",
     "Outcome",
     "SandboxOptions",

@@ -32,9 +32,12 @@ from spillbox.sandbox.docker.layout import (
     ENGINE_USER,
     FORGET_SCRIPT,
     OFFLOAD_MOUNT,
+    RUN_MOUNT,
     SANDBOX_GID,
     SCRIPT_UID,
     SCRIPT_USER,
+    SESSION_UID,
+    SESSION_USER,
     WORK_MOUNT,
 )
 from spillbox.sandbox.docker.session import TaskSandbox
@@ -49,7 +52,7 @@ from spillbox.sandbox.docker_errors import (
 )
 from spillbox.sandbox.image import ensure_image, image_tag
 from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
-from spillbox.types import LANGS, RawExec
+from spillbox.types import LANGS, RawExec, SessionCall
 
 LABEL_TASK = "spillbox.task"
 LABEL_HOME = "spillbox.home"
@@ -62,6 +65,8 @@ DEFAULT_PIDS = 256
 DEFAULT_CPUS = 1.0
 DEFAULT_TMP_SIZE = "64m"
 DEFAULT_WORK_SIZE = "256m"
+RUN_SIZE = "16m"
+"""Cap of /sandbox/run, where the Python session keeps its socket, lock and log."""
 DEFAULT_EXPIRY = timedelta(days=7)
 DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 MAX_CODE_BYTES = 256 * 1024
@@ -170,10 +175,17 @@ class DockerBackend(SandboxBackend):
     def visible_path(self, stored: StoredFile) -> str:
         return f"{OFFLOAD_MOUNT}/{stored.name}"
 
-    def exec(self, storage: TaskStorage, lang: str, code: str, timeout: float) -> RawExec:
+    def exec(
+        self,
+        storage: TaskStorage,
+        lang: str,
+        code: str,
+        timeout: float,
+        session: SessionCall | None = None,
+    ) -> RawExec:
         if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
             raise ExecError(f"script is over {MAX_CODE_BYTES} bytes: write it shorter")
-        return self.sandbox(storage).exec(lang, code, timeout)
+        return self.sandbox(storage).exec(lang, code, timeout, session)
 
     def release(self, storage: TaskStorage) -> None:
         sandbox = self._held(storage.task_id)
@@ -199,11 +211,12 @@ class DockerBackend(SandboxBackend):
                 container.remove(force=True, v=True)
 
     def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
-        """Stop every SQL engine of the task (any process's: they hold the tables open),
-        delete what scripts may have made of the payload in the container's /sandbox/work
-        and /tmp (forget.py: copies of its bytes, and everything changed since it was
-        created), then the engine's tables; the next query starts an engine that reloads
-        what is left."""
+        """Stop every SQL engine of the task (any process's: they hold the tables open) and
+        its Python session (its names may hold the payload), delete what scripts may have
+        made of the payload in the container's /sandbox/work and /tmp (forget.py: copies of
+        its bytes, and everything changed since it was created), then the engine's tables;
+        the next query starts an engine that reloads what is left, the next session call a
+        new, empty session (told that its names are gone)."""
         self.release(storage)
         with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
@@ -211,6 +224,7 @@ class DockerBackend(SandboxBackend):
                     continue  # a stopped container's tmpfs folders are gone with it
                 kill_engines(container)
                 try:
+                    container.exec_run(["kill", "-KILL", "-1"], user=SESSION_USER)
                     container.exec_run(
                         ["python3", FORGET_SCRIPT, f"{since:f}", sha256, str(size)],
                         user=SCRIPT_USER,
@@ -308,6 +322,7 @@ class DockerBackend(SandboxBackend):
         # uid/gid/mode: gVisor makes a tmpfs root-owned 1777 otherwise (runc copies the
         # image folder's owner and mode, which the Dockerfile sets alike).
         work = f"uid={SCRIPT_UID},gid={SANDBOX_GID},mode=0770"
+        run = f"uid={SESSION_UID},gid={SANDBOX_GID},mode=0700"
         run_options: dict[str, Any] = {
             "name": name,
             "detach": True,
@@ -326,6 +341,7 @@ class DockerBackend(SandboxBackend):
             "tmpfs": {
                 "/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}",
                 WORK_MOUNT: f"rw,noexec,nosuid,nodev,size={options.work_size},{work}",
+                RUN_MOUNT: f"rw,noexec,nosuid,nodev,size={RUN_SIZE},{run}",
             },
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             "ipc_mode": "private",

@@ -86,7 +86,7 @@ OOM_MARKER = b"\x1espillbox:oom_killed\n"
 """run.sh's line before the end mark when the memory limit killed the script."""
 STOPPED_NOTE = (
     b"spillbox: the sandbox stopped while the script ran; the next exec restarts it, with "
-    b"an empty /sandbox/work (the payloads stay)\n"
+    b"an empty /sandbox/work and a new, empty Python session (the payloads stay)\n"
 )
 
 

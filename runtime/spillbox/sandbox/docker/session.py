@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -19,7 +19,13 @@ import docker
 
 from spillbox.errors import ExecError, SandboxError, retry
 from spillbox.sandbox.docker.engine import SqlEngine
-from spillbox.sandbox.docker.layout import RUN_SCRIPT, SCRIPT_USER, WORK_MOUNT
+from spillbox.sandbox.docker.layout import (
+    RUN_SCRIPT,
+    SCRIPT_USER,
+    SESSION_SCRIPT,
+    SESSION_USER,
+    WORK_MOUNT,
+)
 from spillbox.sandbox.docker.outcome import (
     EXIT_KILLED,
     STOPPED_NOTE,
@@ -44,11 +50,25 @@ from spillbox.sandbox.docker.stream import (
     watched_frames,
 )
 from spillbox.sandbox.docker_errors import DOCKER_FAILURES, best_effort, docker_errors
-from spillbox.types import RawExec
+from spillbox.types import RawExec, SessionCall
 
 STDERR_CAP_BYTES = 1024 * 1024
 QUERY_ATTEMPTS = 2
 """A query whose engine died under it runs once more, on a fresh engine: it only reads."""
+SESSION_RESTARTED_NOTE = (
+    b"spillbox: the sandbox restarted since this task's last Python session call: this call "
+    b"runs in a new, empty session; names defined before are gone\n"
+)
+
+
+@dataclass(frozen=True)
+class _Runner:
+    """What one exec runs, and as whom: run.sh for a stateless script (the script uid), the
+    session's relay for a session cell (the session uid)."""
+
+    command: list[str]
+    user: str
+    stateless: bool
 
 
 @dataclass(frozen=True)
@@ -97,7 +117,11 @@ class TaskSandbox:
         """The container the last exec used: saves a lookup (list + inspect) per exec."""
         self._engine: SqlEngine | None = None
         self._scripts = 0
-        """Scripts of the task running in this process: a sweep of the uid must spare them."""
+        """Stateless scripts of the task running in this process: a sweep of the script uid
+        must spare them."""
+        self._session_in: str | None = None
+        """The container (and start) of this process's last session call: in another, or
+        after a restart, the session is new."""
 
     @property
     def client(self) -> docker.DockerClient:
@@ -165,20 +189,23 @@ class TaskSandbox:
             thread.join()
         self.drop_engine()
 
-    def exec(self, lang: str, code: str, timeout: float) -> RawExec:
-        """Run a script (lang "sql": a query) in the sandbox. One that never started runs once
-        more, in the container found, started or created again: the payloads are on the host."""
+    def exec(
+        self, lang: str, code: str, timeout: float, session: SessionCall | None = None
+    ) -> RawExec:
+        """Run a script (lang "sql": a query; with session, a python cell in the task's
+        session) in the sandbox. One that never started runs once more, in the container
+        found, started or created again: the payloads are on the host."""
         container = self.ready()
         with docker_errors(f"running a script in task {self.task_id!r}"):
             try:
-                ran = self._run(container, lang, code, timeout)
+                ran = self._run(container, lang, code, timeout, session)
             except DOCKER_FAILURES as failure:
                 if not stopped_under(failure, container, self.client):
                     raise
                 ran = Outcome.NEVER_STARTED
             if ran is Outcome.NEVER_STARTED:
                 self.forget()
-                ran = self._run(self.container(), lang, code, timeout)
+                ran = self._run(self.container(), lang, code, timeout, session)
         if isinstance(ran, Outcome):
             raise SandboxError(
                 f"the sandbox of task {self.task_id!r} stopped again before the script "
@@ -187,15 +214,36 @@ class TaskSandbox:
             )
         return ran
 
-    def _run(self, container: Any, lang: str, code: str, timeout: float) -> RawExec | Outcome:
+    def _run(
+        self, container: Any, lang: str, code: str, timeout: float, session: SessionCall | None
+    ) -> RawExec | Outcome:
         if lang == "sql":
             return self._sql(container, code, timeout)
-        return self._script(container, lang, code, timeout)
+        if session is not None:
+            return self._cell(container, session, code, timeout)
+        runner = _Runner([RUN_SCRIPT, f"{timeout:g}", lang, code], SCRIPT_USER, stateless=True)
+        return self._script(container, runner, timeout)
 
-    def _script(self, container: Any, lang: str, code: str, timeout: float) -> RawExec | Outcome:
-        """Run one script through run.sh: read its output, classify how it ended, act on
-        that (outcome.py)."""
-        output = self._read(container, lang, code, timeout)
+    def _cell(
+        self, container: Any, session: SessionCall, code: str, timeout: float
+    ) -> RawExec | Outcome:
+        """Run a python cell in the task's session (session.py in the image): its relay
+        ends as run.sh does, so the cell is read and classified as a script is."""
+        # -S: the relay needs no site-packages, and starts faster without them.
+        command = ["python3", "-S", SESSION_SCRIPT, "run" if session == "keep" else "reset"]
+        runner = _Runner([*command, f"{timeout:g}", code], SESSION_USER, stateless=False)
+        # A container restarted in place keeps its id: its start time tells the two apart.
+        started = f"{container.id}@{container.attrs.get('State', {}).get('StartedAt')}"
+        before, self._session_in = self._session_in, started
+        ran = self._script(container, runner, timeout)
+        if isinstance(ran, RawExec) and session == "keep" and before not in (None, started):
+            ran = replace(ran, stderr=SESSION_RESTARTED_NOTE + ran.stderr)
+        return ran
+
+    def _script(self, container: Any, runner: _Runner, timeout: float) -> RawExec | Outcome:
+        """Run one script (run.sh) or session cell (its relay): read its output, classify
+        how it ended, act on that (outcome.py)."""
+        output = self._read(container, runner, timeout)
         if output.closed is Closed.GAVE_UP:
             self._restart(container)
         stderr, end_mark, oom_mark = split_marks(output.stderr)
@@ -212,7 +260,7 @@ class TaskSandbox:
             self.forget()
             return outcome
         restarted = Outcome.KILLED_AFTER_GRACE in outcome
-        if output.alone and Outcome.TIMED_OUT in outcome and not restarted:
+        if runner.stateless and output.alone and Outcome.TIMED_OUT in outcome and not restarted:
             # What escaped the script's group; with a neighbour still running, the sweep
             # waits for the last script of the task to end (run.sh sweeps then).
             self._kill_scripts(container)
@@ -228,14 +276,14 @@ class TaskSandbox:
             stdout_truncated=output.stdout_truncated,
         )
 
-    def _read(self, container: Any, lang: str, code: str, timeout: float) -> _Output:
+    def _read(self, container: Any, runner: _Runner, timeout: float) -> _Output:
         """Start the script and read its output until it ends, the sandbox dies, or the host
-        gives up (Deadlines: at kill_at the host kills the script uid's processes)."""
+        gives up (Deadlines: at kill_at the host kills the runner uid's processes)."""
         stream = ExecStream(
             self.client.api,
             container.id,
-            [RUN_SCRIPT, f"{timeout:g}", lang, code],
-            user=SCRIPT_USER,
+            runner.command,
+            user=runner.user,
             stdin=False,
             home=WORK_MOUNT,
         )
@@ -244,14 +292,14 @@ class TaskSandbox:
         stdout = CappedBuffer(self._max_output_bytes)
         stderr = CappedBuffer(STDERR_CAP_BYTES)
         closed, died = Closed.OUTPUT_ENDED, None
-        self._script_started()
+        self._script_started(runner.stateless)
         try:
             for kind, data in watched_frames(
                 stream,
                 container,
                 self.client,
                 give_up_at=deadlines.give_up_at,
-                late=(deadlines.kill_at, partial(self._kill_scripts, container)),
+                late=(deadlines.kill_at, partial(self._kill_scripts, container, runner.user)),
             ):
                 (stdout if kind == 1 else stderr).add(data)
         except GaveUp:
@@ -262,7 +310,7 @@ class TaskSandbox:
             raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             stream.close()
-            alone = self._script_ended()
+            alone = self._script_ended(runner.stateless)
         return _Output(
             exec_id=stream.exec_id,
             closed=closed,
@@ -283,14 +331,14 @@ class TaskSandbox:
             exit_code = self.client.api.exec_inspect(output.exec_id)["ExitCode"]
         return EXIT_KILLED if exit_code is None else int(exit_code)
 
-    def _script_started(self) -> None:
+    def _script_started(self, stateless: bool) -> None:
         with self._lock:
-            self._scripts += 1
+            self._scripts += stateless
 
-    def _script_ended(self) -> bool:
-        """Count one script fewer; whether it was the last of the task running here."""
+    def _script_ended(self, stateless: bool) -> bool:
+        """Count one script fewer; whether no stateless script of the task runs here now."""
         with self._lock:
-            self._scripts -= 1
+            self._scripts -= stateless
             return not self._scripts
 
     def _restart(self, container: Any) -> None:
@@ -299,10 +347,11 @@ class TaskSandbox:
         # Gone already: the next exec creates a new one.
         best_effort(partial(container.restart, timeout=0), None)
 
-    def _kill_scripts(self, container: Any) -> None:
-        """Kill every process of the script uid: the whole group and any that escaped it."""
+    def _kill_scripts(self, container: Any, user: str = SCRIPT_USER) -> None:
+        """Kill every process of a uid (the script uid: the whole group and any that escaped
+        it; the session uid: the session, its cell and whatever that left)."""
         # A container that is gone took its processes with it.
-        best_effort(partial(container.exec_run, ["kill", "-KILL", "-1"], user=SCRIPT_USER), None)
+        best_effort(partial(container.exec_run, ["kill", "-KILL", "-1"], user=user), None)
 
     def _sql(self, container: Any, code: str, timeout: float) -> RawExec | Outcome:
         """Run one query in the task's engine; its endings are the query paragraph of
