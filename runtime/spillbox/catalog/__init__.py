@@ -18,23 +18,17 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, or_, select, tuple_, update
+from sqlalchemy import Select, Table, bindparam, func, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from spillbox.catalog import migrate
-from spillbox.catalog.database import (
-    WRITE,
-    catalog_url,
-    make_engine,
-    sqlite_url,
-    translated,
-)
+from spillbox.catalog.database import Database, Transaction, catalog_url, make_engine, sqlite_url
 from spillbox.catalog.schema import (
     ACCESS_COLUMNS,
     ARTIFACT_COLUMNS,
@@ -73,7 +67,33 @@ _KEY = (artifacts.c.task_id == bindparam("key_task")) & (
     artifacts.c.artifact_id == bindparam("key_artifact")
 )
 _LIVE = artifacts.c.state == "live"
+_EXPIRED = (
+    _LIVE,
+    artifacts.c.pinned == 0,
+    artifacts.c.expires_at.is_not(None),
+    artifacts.c.expires_at <= bindparam("now"),
+)
 _SELECT_TASK = select(*TASK_COLUMNS).where(tasks.c.task_id == bindparam("task_id"))
+_SELECT_TASK_FOR_UPDATE = _SELECT_TASK.with_for_update()
+_REOPEN_TASK = (
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("key_task"))
+    .values(state="open", closed_at=None, delete_after=None, retention=bindparam("retention"))
+)
+_CLOSE_TASK = (
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.state != "deleted")
+    .values(
+        state="closed",
+        closed_at=func.coalesce(tasks.c.closed_at, bindparam("at")),
+        delete_after=bindparam("delete_after"),
+    )
+)
+_TASK_DELETED = (
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("key_task"))
+    .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("by"))
+)
 _SELECT_IDENTICAL = (
     select(*ARTIFACT_COLUMNS)
     .where(
@@ -91,8 +111,76 @@ _TOMBSTONE = (
     .where(_KEY, _LIVE, artifacts.c.pinned == 0)
     .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("by"))
 )
-_ARTIFACT_KEYS = ("task_id", "artifact_id")
+_TOUCH = (
+    update(artifacts)
+    .where(_KEY)
+    .values(
+        last_access_at=bindparam("at"),
+        expires_at=func.coalesce(bindparam("expires_at"), artifacts.c.expires_at),
+    )
+)
+_PIN = update(artifacts).where(_KEY).values(pinned=bindparam("pinned"))
+_LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindparam("task_id"))
+_ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
+_LIST_LIVE = _LIST_ARTIFACTS.where(_LIVE).order_by(*_ARTIFACT_ORDER)
+_LIST_ALL = _LIST_ARTIFACTS.order_by(*_ARTIFACT_ORDER)
+_FIND = (
+    _LIST_ARTIFACTS.where(
+        or_(
+            artifacts.c.artifact_id == bindparam("ref"),
+            artifacts.c.name == bindparam("ref"),
+            artifacts.c.call_id == bindparam("ref"),
+        )
+    )
+    .order_by(
+        _LIVE.desc(),
+        (artifacts.c.artifact_id == bindparam("ref")).desc(),
+        artifacts.c.created_at.desc(),
+    )
+    .limit(1)
+)
+_EXPIRED_ROWS = select(*ARTIFACT_COLUMNS).where(*_EXPIRED).order_by(artifacts.c.expires_at)
+_CLAIM_EXPIRED = (
+    update(artifacts)
+    .where(
+        tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(
+            select(artifacts.c.task_id, artifacts.c.artifact_id)
+            .where(
+                *_EXPIRED,
+                or_(
+                    artifacts.c.claimed_until.is_(None),
+                    artifacts.c.claimed_until <= bindparam("now"),
+                ),
+            )
+            .order_by(artifacts.c.expires_at)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+    )
+    .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
+    .returning(*ARTIFACT_COLUMNS)
+)
+_CLAIM_TASK = (
+    update(tasks)
+    .where(
+        tasks.c.task_id == bindparam("key_task"),
+        tasks.c.state == "closed",
+        or_(tasks.c.claimed_until.is_(None), tasks.c.claimed_until <= bindparam("now")),
+    )
+    .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
+)
+_RELEASE_TASK = (
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.claimed_by == bindparam("holder"))
+    .values(claimed_by=None, claimed_until=None)
+)
+_SELECT_LOG = (
+    select(*ACCESS_COLUMNS)
+    .where(access_log.c.task_id == bindparam("task_id"))
+    .order_by(access_log.c.id)
+)
 _CLAIMS = {"claimed_by": None, "claimed_until": None}
+"""Claim columns of a row (re)written whole: nobody holds it."""
 
 
 class Catalog:
@@ -126,9 +214,12 @@ class Catalog:
             address = catalog_url(url)
             self.where = address.render_as_string(hide_password=True)
         self.engine = make_engine(address, busy_timeout)
-        self._dialect = self.engine.dialect.name
+        self._db = Database(self.engine, self.where, busy_timeout)
+        dialect = self.engine.dialect.name
+        self._upsert_task = _upsert(dialect, tasks, ("task_id",))
+        self._upsert_artifact = _upsert(dialect, artifacts, ("task_id", "artifact_id"))
         try:
-            with self._errors("migrating the schema"):
+            with self._db.errors("migrating the schema"):
                 self.migrated = migrate.upgrade(self.engine, self.where)
                 """Whether opening this catalog ran migrations (another process may have)."""
         except BaseException:
@@ -136,37 +227,18 @@ class Catalog:
             raise
 
     def close(self) -> None:
-        self.engine.dispose()
-
-    @contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        with translated(self.where, self.busy_timeout, doing):
-            yield
-
-    @contextmanager
-    def transaction(self, doing: str) -> Iterator[Connection]:
-        """A write transaction; on SQLite it takes the write lock up front."""
-        with self._errors(doing), self.engine.connect() as conn:
-            conn.execution_options(**{WRITE: True})
-            with conn.begin():
-                yield conn
-
-    def _rows(
-        self, doing: str, statement: Any, args: Mapping[str, Any] | None = None
-    ) -> list[Row[Any]]:
-        with self._errors(doing), self.engine.connect() as conn:
-            return list(conn.execute(statement, args or {}).all())
+        self._db.close()
 
     def revision(self) -> str | None:
         """The schema's Alembic revision (migrate.head() once opened)."""
-        with self._errors("reading the schema version"), self.engine.connect() as conn:
+        with self._db.errors("reading the schema version"), self.engine.connect() as conn:
             return migrate.current(conn)
 
     # Tasks
 
     def task(self, task_id: str) -> TaskRow | None:
-        rows = self._rows("reading a task", _SELECT_TASK, {"task_id": task_id})
-        return TaskRow(**rows[0]._asdict()) if rows else None
+        rows = self._db.rows("reading a task", _SELECT_TASK, {"task_id": task_id})
+        return TaskRow(**rows[0]) if rows else None
 
     def known_task(self, task_id: str, deleted_too: bool = False) -> TaskRow:
         """The task's row, or a ConfigError that says how to list the tasks there are.
@@ -178,16 +250,15 @@ class Catalog:
         return row
 
     def tasks(self, states: Sequence[str] = ("open", "closed")) -> list[TaskRow]:
-        statement = select(*TASK_COLUMNS).where(tasks.c.state.in_(states)).order_by(tasks.c.task_id)
-        return [TaskRow(**row._asdict()) for row in self._rows("listing tasks", statement)]
+        rows = self._db.rows("listing tasks", _list_tasks(tuple(states)))
+        return [TaskRow(**row) for row in rows]
 
     def open_task(self, task_id: str, retention: str) -> TaskRow:
         """Register a task on first use; a later use with another policy records the change."""
         now = time.time()
-        with self.transaction("opening a task") as conn:
-            found = conn.execute(_SELECT_TASK.with_for_update(), {"task_id": task_id}).first()
-            row = None if found is None else TaskRow(**found._asdict())
-            if row is None or row.state == "deleted":
+        with self._db.transaction("opening a task") as tx:
+            found = tx.rows(_SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if not found or found[0]["state"] == "deleted":
                 values = {
                     "task_id": task_id,
                     "created_at": now,
@@ -199,38 +270,25 @@ class Catalog:
                     "deleted_by": None,
                     **_CLAIMS,
                 }
-                conn.execute(self._upsert(tasks, ("task_id",), values))
+                tx.execute(self._upsert_task, values)
             else:
-                changes: dict[str, Any] = {"state": "open", "closed_at": None, "delete_after": None}
-                if row.retention != retention:
-                    changes["retention"] = retention
-                    _log(conn, task_id, None, "policy", "harness", retention)
-                conn.execute(update(tasks).where(tasks.c.task_id == task_id).values(changes))
-            found = conn.execute(_SELECT_TASK, {"task_id": task_id}).first()
-        assert found is not None
-        return TaskRow(**found._asdict())
+                tx.execute(_REOPEN_TASK, {"key_task": task_id, "retention": retention})
+                if found[0]["retention"] != retention:
+                    _log(tx, task_id, None, "policy", "harness", retention)
+            [row] = tx.rows(_SELECT_TASK, {"task_id": task_id})
+        return TaskRow(**row)
 
     def close_task(self, task_id: str, delete_after: float | None) -> None:
         """Close a task, or re-close a closed one with a new deadline (a removal that a
         pin held back clears it, so collection does not retry the removal on every run)."""
-        with self.transaction("closing a task") as conn:
-            conn.execute(
-                update(tasks)
-                .where(tasks.c.task_id == task_id, tasks.c.state.in_(("open", "closed")))
-                .values(
-                    state="closed",
-                    closed_at=func.coalesce(tasks.c.closed_at, time.time()),
-                    delete_after=delete_after,
-                )
-            )
+        args = {"key_task": task_id, "at": time.time(), "delete_after": delete_after}
+        with self._db.transaction("closing a task") as tx:
+            tx.execute(_CLOSE_TASK, args)
 
     def mark_task_deleted(self, task_id: str, by: str) -> None:
-        with self.transaction("deleting a task") as conn:
-            conn.execute(
-                update(tasks)
-                .where(tasks.c.task_id == task_id)
-                .values(state="deleted", deleted_at=time.time(), deleted_by=by)
-            )
+        args = {"key_task": task_id, "at": time.time(), "by": by}
+        with self._db.transaction("deleting a task") as tx:
+            tx.execute(_TASK_DELETED, args)
 
     # Artifacts
 
@@ -241,71 +299,58 @@ class Catalog:
         values["pinned"] = int(row.pinned)
         if row.tokens_exact is not None:
             values["tokens_exact"] = int(row.tokens_exact)
-        with self.transaction("recording an artifact") as conn:
-            conn.execute(self._upsert(artifacts, _ARTIFACT_KEYS, {**values, **_CLAIMS}))
-            _log(conn, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
+        with self._db.transaction("recording an artifact") as tx:
+            tx.execute(self._upsert_artifact, {**values, **_CLAIMS})
+            _log(tx, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
             if redacted is not None:
-                _log(conn, row.task_id, row.artifact_id, "redact", "retention", redacted)
+                _log(tx, row.task_id, row.artifact_id, "redact", "retention", redacted)
 
     def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
-        statement = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == task_id)
-        if not include_deleted:
-            statement = statement.where(_LIVE)
-        statement = statement.order_by(artifacts.c.created_at, artifacts.c.artifact_id)
-        return [_artifact(row) for row in self._rows("listing artifacts", statement)]
+        statement = _LIST_ALL if include_deleted else _LIST_LIVE
+        rows = self._db.rows("listing artifacts", statement, {"task_id": task_id})
+        return [_artifact(row) for row in rows]
 
     def find(self, task_id: str, ref: str) -> ArtifactRow | None:
         """An artifact (or its tombstone) by artifact id, file name, or the call id it came from."""
-        c = artifacts.c
-        statement = (
-            select(*ARTIFACT_COLUMNS)
-            .where(c.task_id == task_id, or_(c.artifact_id == ref, c.name == ref, c.call_id == ref))
-            .order_by(_LIVE.desc(), (c.artifact_id == ref).desc(), c.created_at.desc())
-            .limit(1)
-        )
-        rows = self._rows("finding an artifact", statement)
+        rows = self._db.rows("finding an artifact", _FIND, {"task_id": task_id, "ref": ref})
         return _artifact(rows[0]) if rows else None
 
     def touch(self, task_id: str, artifact_id: str, expires_at: float | None) -> None:
-        with self.transaction("recording an access") as conn:
-            conn.execute(
-                update(artifacts)
-                .where(_KEY)
-                .values(
-                    last_access_at=time.time(),
-                    expires_at=func.coalesce(expires_at, artifacts.c.expires_at),
-                ),
-                {"key_task": task_id, "key_artifact": artifact_id},
-            )
+        args = {
+            "key_task": task_id,
+            "key_artifact": artifact_id,
+            "at": time.time(),
+            "expires_at": expires_at,
+        }
+        with self._db.transaction("recording an access") as tx:
+            tx.execute(_TOUCH, args)
 
     def set_pinned(self, task_id: str, artifact_id: str, pinned: bool, actor: str) -> None:
-        with self.transaction("pinning an artifact") as conn:
-            conn.execute(
-                update(artifacts).where(_KEY).values(pinned=int(pinned)),
-                {"key_task": task_id, "key_artifact": artifact_id},
-            )
-            _log(conn, task_id, artifact_id, "pin" if pinned else "unpin", actor, "")
+        args = {"key_task": task_id, "key_artifact": artifact_id, "pinned": int(pinned)}
+        with self._db.transaction("pinning an artifact") as tx:
+            tx.execute(_PIN, args)
+            _log(tx, task_id, artifact_id, "pin" if pinned else "unpin", actor, "")
 
     def tombstone(self, task_id: str, artifact_id: str, by: str) -> bool:
         """Mark an artifact deleted, unless pinned; False if it was pinned or already gone
         (the one conditional update that two collectors cannot both win)."""
         args = {"key_task": task_id, "key_artifact": artifact_id, "at": time.time(), "by": by}
-        with self.transaction("deleting an artifact") as conn:
-            changed = conn.execute(_TOMBSTONE, args).rowcount
+        with self._db.transaction("deleting an artifact") as tx:
+            changed = tx.execute(_TOMBSTONE, args)
             if changed:
-                _log(conn, task_id, artifact_id, "delete", "retention", by)
+                _log(tx, task_id, artifact_id, "delete", "retention", by)
         return bool(changed)
 
     def identical(self, task_id: str, sha256: str, size: int) -> ArtifactRow | None:
         """A live artifact of the task with exactly these bytes (by digest and size)."""
         args = {"task_id": task_id, "sha256": sha256, "bytes": size}
-        rows = self._rows("finding an identical artifact", _SELECT_IDENTICAL, args)
+        rows = self._db.rows("finding an identical artifact", _SELECT_IDENTICAL, args)
         return _artifact(rows[0]) if rows else None
 
     def expired(self, now: float) -> list[ArtifactRow]:
         """Every live, unpinned artifact past its expiry (claimed or not: a dry run's list)."""
-        statement = select(*ARTIFACT_COLUMNS).where(*_expired(now)).order_by(artifacts.c.expires_at)
-        return [_artifact(row) for row in self._rows("finding expired artifacts", statement)]
+        rows = self._db.rows("finding expired artifacts", _EXPIRED_ROWS, {"now": now})
+        return [_artifact(row) for row in rows]
 
     # Collection's claims: on Postgres, SELECT ... FOR UPDATE SKIP LOCKED lets collectors
     # on several hosts take disjoint batches without waiting for each other; on SQLite
@@ -317,86 +362,62 @@ class Catalog:
     ) -> list[ArtifactRow]:
         """Claim up to `limit` expired artifacts that no other collector holds; oldest
         expiry first. A claim lasts `lease` seconds: the tombstone ends the artifact's."""
-        unclaimed = or_(artifacts.c.claimed_until.is_(None), artifacts.c.claimed_until <= now)
-        batch = (
-            select(artifacts.c.task_id, artifacts.c.artifact_id)
-            .where(*_expired(now), unclaimed)
-            .order_by(artifacts.c.expires_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        claim = (
-            update(artifacts)
-            .where(tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(batch))
-            .values(claimed_by=self.holder, claimed_until=now + lease)
-            .returning(*ARTIFACT_COLUMNS)
-        )
-        with self.transaction("claiming expired artifacts") as conn:
-            rows = [_artifact(row) for row in conn.execute(claim)]
+        args = {"now": now, "limit": limit, "holder": self.holder, "until": now + lease}
+        with self._db.transaction("claiming expired artifacts") as tx:
+            rows = [_artifact(row) for row in tx.rows(_CLAIM_EXPIRED, args)]
         return sorted(rows, key=lambda row: (row.expires_at or 0, row.task_id, row.artifact_id))
 
     def claim_task(self, task_id: str, now: float, lease: float = DEFAULT_CLAIM_LEASE) -> bool:
         """Claim a closed task for removal; False if another collector holds it."""
-        with self.transaction("claiming a task") as conn:
-            changed = conn.execute(
-                update(tasks)
-                .where(
-                    tasks.c.task_id == task_id,
-                    tasks.c.state == "closed",
-                    or_(tasks.c.claimed_until.is_(None), tasks.c.claimed_until <= now),
-                )
-                .values(claimed_by=self.holder, claimed_until=now + lease)
-            ).rowcount
-        return bool(changed)
+        args = {"key_task": task_id, "now": now, "holder": self.holder, "until": now + lease}
+        with self._db.transaction("claiming a task") as tx:
+            return bool(tx.execute(_CLAIM_TASK, args))
 
     def release_task(self, task_id: str) -> None:
         """Let go of this collector's claim on a task (kept or removed)."""
-        with self.transaction("releasing a task") as conn:
-            conn.execute(
-                update(tasks)
-                .where(tasks.c.task_id == task_id, tasks.c.claimed_by == self.holder)
-                .values(_CLAIMS)
-            )
+        with self._db.transaction("releasing a task") as tx:
+            tx.execute(_RELEASE_TASK, {"key_task": task_id, "holder": self.holder})
 
     # The access log
 
     def log(
         self, task_id: str, artifact_id: str | None, action: Action, actor: str, detail: str = ""
     ) -> None:
-        with self.transaction("writing the access log") as conn:
-            _log(conn, task_id, artifact_id, action, actor, detail)
+        with self._db.transaction("writing the access log") as tx:
+            _log(tx, task_id, artifact_id, action, actor, detail)
 
     def audit(self, task_id: str) -> list[AccessEntry]:
-        statement = (
-            select(*ACCESS_COLUMNS).where(access_log.c.task_id == task_id).order_by(access_log.c.id)
-        )
-        return [
-            AccessEntry(**row._asdict()) for row in self._rows("reading the access log", statement)
-        ]
-
-    def _upsert(self, table: Any, keys: Sequence[str], values: Mapping[str, Any]) -> Insert:
-        """INSERT, or replace every column of the row with these keys."""
-        dialect = sqlite if self._dialect == "sqlite" else postgresql
-        statement = dialect.insert(table).values(values)
-        others = {name: statement.excluded[name] for name in values if name not in keys}
-        upsert: Insert = statement.on_conflict_do_update(index_elements=list(keys), set_=others)
-        return upsert
+        rows = self._db.rows("reading the access log", _SELECT_LOG, {"task_id": task_id})
+        return [AccessEntry(**row) for row in rows]
 
 
-def _expired(now: float) -> tuple[Any, ...]:
-    c = artifacts.c
-    return (_LIVE, c.pinned == 0, c.expires_at.is_not(None), c.expires_at <= now)
+@cache
+def _list_tasks(states: tuple[str, ...]) -> Select[Any]:
+    """The statement listing tasks in these states (one per set of states: each is
+    compiled once)."""
+    # state = a OR state = b: plain parameters (IN (...) is expanded when executed, which
+    # a statement compiled once for the driver cannot be).
+    in_states = or_(*(tasks.c.state == state for state in states))
+    return select(*TASK_COLUMNS).where(in_states).order_by(tasks.c.task_id)
+
+
+def _upsert(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
+    """INSERT a whole row, or replace every column of the row with these keys."""
+    statement = (sqlite if dialect == "sqlite" else postgresql).insert(table)
+    others = {c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys}
+    upsert: Insert = statement.on_conflict_do_update(index_elements=list(keys), set_=others)
+    return upsert
 
 
 def _log(
-    conn: Connection,
+    tx: Transaction,
     task_id: str,
     artifact_id: str | None,
     action: Action,
     actor: str,
     detail: str,
 ) -> None:
-    conn.execute(
+    tx.execute(
         _INSERT_LOG,
         {
             "task_id": task_id,
@@ -409,9 +430,8 @@ def _log(
     )
 
 
-def _artifact(row: Row[Any]) -> ArtifactRow:
-    data = row._asdict()
-    data["pinned"] = bool(data["pinned"])
-    if data["tokens_exact"] is not None:
-        data["tokens_exact"] = bool(data["tokens_exact"])
-    return ArtifactRow(**data)
+def _artifact(row: dict[str, Any]) -> ArtifactRow:
+    row["pinned"] = bool(row["pinned"])
+    if row["tokens_exact"] is not None:
+        row["tokens_exact"] = bool(row["tokens_exact"])
+    return ArtifactRow(**row)

@@ -24,7 +24,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
 
-from spillbox.catalog.database import WRITE
+from spillbox.catalog.database import begin_write
 from spillbox.errors import ConfigError
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -78,8 +78,8 @@ def upgrade(engine: Engine, where: str) -> bool:
     if found == head():
         return False
     with engine.connect() as connection:
-        connection.execution_options(**{WRITE: True})
         with connection.begin():
+            begin_write(connection)
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})
             found = current(connection)  # again: whoever held the lock may have migrated
