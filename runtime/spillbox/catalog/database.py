@@ -225,10 +225,10 @@ class Database:
                     cursor.execute("BEGIN IMMEDIATE")
                 try:
                     yield Transaction(self, cursor)
+                    connection.commit()
                 except BaseException:
-                    connection.rollback()
+                    connection.rollback()  # a failed commit too: the connection is kept
                     raise
-                connection.commit()
             finally:
                 cursor.close()
 
