@@ -538,3 +538,23 @@ def test_a_task_is_claimed_by_one_collector_until_released(
     assert not second.claim_task("t1", now)
     first.release_task("t1")
     assert second.claim_task("t1", now)
+
+
+_NO_DRIVER = """
+import sys
+from pathlib import Path
+sys.modules["psycopg"] = None  # as if the postgres extra were not installed
+from spillbox.catalog import Catalog
+from spillbox.errors import ConfigError
+try:
+    Catalog(Path(sys.argv[1]), url="postgresql://spillbox@/spillbox?host=/nowhere")
+except ConfigError as e:
+    print(e)
+"""
+
+
+def test_postgres_without_its_driver_says_which_extra_to_install(home: Path) -> None:
+    said = subprocess.run(
+        [sys.executable, "-c", _NO_DRIVER, str(home)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "pip install 'spillbox[postgres]'" in said and "psycopg" in said
