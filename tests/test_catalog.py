@@ -217,6 +217,23 @@ def test_processes_starting_at_once_migrate_once(home: Path, catalog_url: str | 
     catalog.close()
 
 
+def test_processes_opening_a_catalog_from_before_alembic_at_once_upgrade_it_once(
+    home: Path,
+) -> None:
+    before = _old_catalog(home, "catalog_named_migrations.sql")
+    results = run_at_once(
+        [[sys.executable, "-c", _START, str(home), "", f"t{k}"] for k in range(3)]
+    )
+    assert [(code, err) for code, _, err in results] == [(0, "")] * 3
+    assert sorted(out.strip() for _, out, _ in results) == ["found it current"] * 2 + ["migrated"]
+    after = _old_rows(home)
+    assert after["artifacts"] == before["artifacts"] and after["access_log"] == before["access_log"]
+    assert after["tasks"][:3] == before["tasks"] and len(after["tasks"]) == 6
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        marks = conn.execute("SELECT name FROM schema_migrations WHERE version > 3").fetchall()
+    assert marks == [("moved_to_alembic",)]
+
+
 def test_an_unwritable_home_is_a_config_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
