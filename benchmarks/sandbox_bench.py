@@ -15,6 +15,11 @@ times on a shared 2-core machine are noisy):
    array against the same query through task.exec("sql", ...) once its table is loaded; and
    that query written with read_json_auto on the artifact's path against the table form.
    Target: fresh / warm >= 10x.
+4. Scripts: task.exec of a stateless script (the fork server, through the kept relay)
+   against a fresh `docker exec` of the same script as the script uid (today's path was
+   that exec plus run.sh's own start: the floor understates it), for python print(1), a
+   python script that uses duckdb and pyarrow, and sh with jq; and a session cell. Targets
+   (issue 13): print(1) under 10 ms, duckdb + pyarrow under 20 ms, sh + jq under 10 ms.
 
 Payloads are one-line JSON arrays from common.pull_requests, a new seed per repetition so
 that no offload is deduplicated against an earlier one.
@@ -53,6 +58,23 @@ SQL_QUERY = 'SELECT count(*), max(id) FROM "c1"'
 PATH_QUERY = "SELECT count(*), max(id) FROM read_json_auto('/sandbox/offload/c1.json')"
 """The same query as models often write it, reading the artifact's file by its path."""
 PATH_TARGET_RATIO = 1.5
+SCRIPTS = {
+    "python print(1)": ("python", "print(1)", ["python3", "-c", "print(1)"], 10.0),
+    "python duckdb + pyarrow": (
+        "python",
+        "import duckdb, pyarrow as pa\n"
+        "print(duckdb.sql('SELECT 41 + 1').fetchall()[0][0], pa.array([1, 2]).to_pylist())",
+        [
+            "python3",
+            "-c",
+            "import duckdb, pyarrow as pa\n"
+            "print(duckdb.sql('SELECT 41 + 1').fetchall()[0][0], pa.array([1, 2]).to_pylist())",
+        ],
+        20.0,
+    ),
+    "sh + jq": ("sh", "echo '{\"a\": 1}' | jq .a", ["sh", "-c", "echo '{\"a\": 1}' | jq .a"], 10.0),
+}
+"""name: (lang, code, the same as a fresh exec's command, the issue's target in ms)."""
 FRESH_SCRIPT = (
     "import duckdb; print(duckdb.__version__); "
     'print(duckdb.sql("SELECT count(*), max(id) FROM read_json_auto('
@@ -157,6 +179,35 @@ def bench_container(home: Path, starts: int, reps: int) -> dict[str, Any]:
     }
 
 
+def bench_scripts(home: Path, reps: int) -> dict[str, Any]:
+    """Each script through task.exec and as a fresh docker exec, interleaved, in one task."""
+    figures: dict[str, Any] = {}
+    with Harness(sandbox="docker", home=home / "scripts") as harness:
+        task = harness.task("scripts")
+        container = harness.backend.container(task.storage)  # type: ignore[attr-defined]
+        user = f"{SCRIPT_UID}:{SANDBOX_GID}"
+        for name, (lang, code, command, target_ms) in SCRIPTS.items():
+            first = task.exec(lang, code)  # the fork server starts with the first script
+            fresh_out = container.exec_run(command, user=user).output.decode()
+            if first.exit_code != 0 or first.text != fresh_out:
+                raise RuntimeError(f"{name}: {first.text!r} {first.stderr!r} vs {fresh_out!r}")
+            ours, fresh = [], []
+            for _ in range(reps):
+                ours.append(timed(partial(task.exec, lang, code))[0])
+                fresh.append(timed(partial(container.exec_run, command, user=user))[0])
+            figures[name] = {
+                "ms": median_ms(ours),
+                "fresh_ms": median_ms(fresh),
+                "ratio": median_ms(fresh) / median_ms(ours),
+                "target_ms": target_ms,
+            }
+        task.exec("python", "x = 1", session=True)
+        cells = [timed(partial(task.exec, "python", "x", session=True))[0] for _ in range(reps)]
+        figures["session cell"] = {"ms": median_ms(cells)}
+        task.close(delete=True)
+    return figures
+
+
 def bench_sql(home: Path, artifact_bytes: int, fresh_reps: int, warm_reps: int) -> dict[str, Any]:
     payload = _payload(artifact_bytes)
     with Harness(sandbox="docker", home=home / "sql") as harness:
@@ -220,6 +271,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     try:
         offload = bench_offload(home, reps=1 if quick else 7)
         container = bench_container(home, starts=1 if quick else 5, reps=3 if quick else 15)
+        scripts = bench_scripts(home, reps=3 if quick else 20)
         sql = bench_sql(
             home,
             QUICK_SQL_ARTIFACT_BYTES if quick else SQL_ARTIFACT_BYTES,
@@ -227,11 +279,17 @@ def run(quick: bool = False) -> dict[str, Any]:
             warm_reps=3 if quick else 10,
         )
     finally:
-        for part in ("offload", "container", "sql"):
+        for part in ("offload", "container", "scripts", "sql"):
             if (home / part).exists():
                 cleanup_home(home / part)
         shutil.rmtree(home, ignore_errors=True)
-    return {"quick": quick, "offload": offload, "container": container, "sql": sql}
+    return {
+        "quick": quick,
+        "offload": offload,
+        "container": container,
+        "scripts": scripts,
+        "sql": sql,
+    }
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -267,6 +325,21 @@ def markdown(results: dict[str, Any]) -> str:
         f"| docker SDK container.exec_run(['true']) (floor) | {c['raw_exec_ms']:.1f} |",
         f"| ratio task.exec / exec_run | {c['exec_ratio']:.2f} |",
     ]
+    lines += [
+        "",
+        "### Stateless scripts: task.exec (fork server, kept relay) vs a fresh docker exec",
+        "",
+        "| script | task.exec (ms) | fresh docker exec (ms) | ratio fresh / ours |",
+        "|---|---:|---:|---:|",
+    ]
+    scripts = results["scripts"]
+    for name in SCRIPTS:
+        r = scripts[name]
+        lines.append(f"| {name} | {r['ms']:.1f} | {r['fresh_ms']:.1f} | {r['ratio']:.1f} |")
+    lines.append(
+        f"\nA session cell (`x`, session=True: a docker exec of the session's relay) took "
+        f"{scripts['session cell']['ms']:.1f} ms."
+    )
     s = results["sql"]
     lines += [
         "",
@@ -315,7 +388,18 @@ def targets(results: dict[str, Any]) -> list[Target]:
             f"{DEFAULT_PER_CALL_TOKENS:,}-token limit a result like these is offloaded only "
             f"from about {threshold_kb:.0f} KB."
         )
+    scripts = [
+        Target(
+            goal=f"{name} round trip under {SCRIPTS[name][3]:g} ms (issue 13)",
+            met=results["scripts"][name]["ms"] < SCRIPTS[name][3],
+            measured=f"ratio {results['scripts'][name]['ratio']:.1f} against a fresh exec: "
+            f"{results['scripts'][name]['ms']:.1f} ms against "
+            f"{results['scripts'][name]['fresh_ms']:.1f} ms",
+        )
+        for name in SCRIPTS
+    ]
     return [
+        *scripts,
         Target(
             goal=f"offload latency, first and later, at most {OFFLOAD_TARGET_RATIO:g}x the "
             f"floor for {sizes}",

@@ -315,6 +315,7 @@ def test_a_program_planted_in_work_does_not_run_even_setuid(task: Task, harness:
 def test_a_script_cannot_kill_init_or_the_sql_engine(task: Task) -> None:
     task.admit([ToolResult(call_id="c1", tool="t", content=payload("c1"))])
     assert task.exec("sql", 'SELECT count(*) AS n FROM "c1"').exit_code == 0  # engine is up
+    assert task.exec("sh", "true").exit_code == 0  # a relay into the fork server is up
     found = probe(
         task,
         """
@@ -340,6 +341,7 @@ print(json.dumps(out))
 """,
     )
     assert any("sqlserver" in cmdline for cmdline in found), found
+    assert any("forkserver.py relay" in cmdline for cmdline in found), found
     assert set(found.values()) == {"Operation not permitted"}, found
     again = task.exec("sql", 'SELECT count(*) AS n FROM "c1"')
     assert (again.exit_code, again.text.split()) == (0, ["n", "400"])

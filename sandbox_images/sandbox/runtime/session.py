@@ -26,8 +26,8 @@ empty one at the next call, which is told its names are gone.
 
 The relay's exit code is the cell's: 0, 1 for an exception, SystemExit's code, 124 when it
 was interrupted at its timeout, 137 when the session ended under it. Its stderr ends with
-the end mark (and the OOM mark before it when the memory limit killed something), as
-run.sh's does, so the host reads a session call as it reads a script.
+the end mark (and the OOM mark before it when the memory limit killed something), so the
+host tells a relay that ended by itself from one cut under it (the sandbox died).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ import socket
 import sys
 import time
 from typing import Any
+
+from forkserver import oom_count  # beside this file, as the relay is run (python3 -S)
 
 RUN = "/sandbox/run"
 SOCKET = f"{RUN}/python.sock"
@@ -69,12 +71,12 @@ LOST = (
 
 
 def relay(mode: str, timeout: float, code: str) -> int:
-    before = _oom_count()
+    before = oom_count()
     try:
         status = _relay(mode, timeout, code)
     finally:
         sys.stdout.flush()
-        if _oom_count() != before:
+        if oom_count() != before:
             os.write(2, OOM_MARK)
         os.write(2, END_MARK)
     return status
@@ -244,19 +246,6 @@ def _log_tail() -> str:
     except OSError:
         lines = []
     return lines[-1] if lines else "no error message"
-
-
-def _oom_count() -> str:
-    for events in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(events) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return value.strip()
-        except OSError:
-            continue
-    return ""
 
 
 def sweep(spare: set[int]) -> None:

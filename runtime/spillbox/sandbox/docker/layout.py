@@ -1,4 +1,4 @@
-"""The sandbox as its image lays it out: the three uids, the mounts, the runner, the SQL
+"""The sandbox as its image lays it out: the three uids, the mounts, the fork server, the SQL
 engine, the Python session.
 
 SCRIPT_UID runs the model's stateless scripts; ENGINE_UID runs PID 1 and the task's SQL
@@ -23,7 +23,7 @@ WORK_MOUNT = f"{SANDBOX_ROOT}/work"
 CACHE_MOUNT = f"{SANDBOX_ROOT}/cache"
 RUN_MOUNT = f"{SANDBOX_ROOT}/run"
 """The Python session's socket, lock and log: a small tmpfs of the session uid alone."""
-RUN_SCRIPT = "/opt/spillbox/run.sh"
+FORK_SERVER = "/opt/spillbox/forkserver.py"
 SQL_ENGINE = "/opt/spillbox/sqlserver.py"
 FORGET_SCRIPT = "/opt/spillbox/forget.py"
 SESSION_SCRIPT = "/opt/spillbox/session.py"

@@ -1,20 +1,21 @@
 """How an exec ends: the outcomes, told apart in one function (classify), and the deadlines
 at which the host steps in behind a script's own timeout.
 
-A script runs in a `docker exec` of `run.sh <timeout> <lang> <code>`, which applies the
-timeout inside the container and writes an end mark as its last stderr line. The host
-reads the exec's output, asks whether the container still runs whenever that output is
-quiet for a second (stream.watched_frames), kills every process of the script uid at
-Deadlines.kill_at and gives up at Deadlines.give_up_at. An exec's outcome is one or more
-of these flags:
+A script runs under a runner inside the container, which applies its timeout, sweeps what
+it left, and says when it ended: a stateless script in the fork server (forkserver.py, read
+through a relay the host keeps open: runner.py), whose END frame carries the exit code and
+the OOM mark; a session cell in a `docker exec` of the session's relay (session.py), whose
+last stderr line is the end mark. The host reads the output, asks whether the container
+still runs whenever that output is quiet for a second (stream.watched_frames), kills every
+process of the runner's uid at Deadlines.kill_at and gives up at Deadlines.give_up_at. An
+exec's outcome is one or more of these flags:
 
 | outcome            | the host tells it by            | the host then         | the caller gets  |
 |--------------------|---------------------------------|-----------------------|------------------|
 | ENDED              | none of the rows below holds    | nothing               | the exit code    |
-| TIMED_OUT          | exit 124 or 137 at or past the  | kills every process   | timed_out        |
-|                    | timeout (the runner's `timeout`,| of the script uid, if |                  |
-|                    | or the host's kill at kill_at)  | no other script of    |                  |
-|                    |                                 | the task runs here    |                  |
+| TIMED_OUT          | exit 124 or 137 at or past the  | nothing more (the     | timed_out        |
+|                    | timeout (the runner's timeout,  | runner killed the     |                  |
+|                    | or the host's kill at kill_at)  | script and swept)     |                  |
 | KILLED_AFTER_GRACE | the output still open at        | restarts the sandbox, | exit 137,        |
 | (with TIMED_OUT)   | give_up_at                      | which ends every      | timed_out        |
 |                    |                                 | process in it         |                  |
@@ -26,7 +27,7 @@ of these flags:
 | NEVER_STARTED      | as SANDBOX_STOPPED with exit    | runs it once more, in | the second run's |
 | (alone)            | 126; or Docker refuses the exec | a restarted sandbox   | result           |
 |                    | and the container is not running|                       |                  |
-| OUT_OF_MEMORY      | run.sh's OOM mark; for a cut    | nothing more          | oom_killed       |
+| OUT_OF_MEMORY      | the runner's OOM mark; for a cut| nothing more          | oom_killed       |
 |                    | runner, Docker's OOMKilled or   |                       |                  |
 |                    | its "oom" event within          |                       |                  |
 |                    | OOM_EVENT_SECONDS               |                       |                  |
@@ -38,6 +39,8 @@ Why the rows are as they are (each seen under gVisor, runtime runsc, in CI or lo
 - gVisor can end a runner's exec ("WaitPID failed: EOF", exit 128) a moment before Docker
   records the stop: a runner without its end mark waits SETTLE_SECONDS for the sandbox to
   show as stopped, so the stop (and an OOM) is reported as what it was.
+- A stateless script whose relay ended before the fork server said it started (a relay
+  kept from a sandbox that has restarted since) never ran: NEVER_STARTED.
 - Docker sets OOMKilled only if it hears of the OOM before the exit, and only when the
   container stops. Under gVisor the exit can come first, or the OOM can kill one sandbox
   process and cut the exec while the container runs on; the "oom" event is logged either way.
@@ -81,9 +84,9 @@ EXIT_KILLED = 137
 TIMEOUT_EXITS = (124, 137)
 """`timeout`'s own exit, and that of a process it (or the host) killed with SIGKILL."""
 END_MARKER = b"\x1espillbox:end\n"
-"""run.sh's last stderr line: a script's runner that ended by itself, in a live sandbox."""
+"""The session relay's last stderr line: a runner that ended by itself, in a live sandbox."""
 OOM_MARKER = b"\x1espillbox:oom_killed\n"
-"""run.sh's line before the end mark when the memory limit killed the script."""
+"""The session relay's line before the end mark when the memory limit killed something."""
 STOPPED_NOTE = (
     b"spillbox: the sandbox stopped while the script ran; the next exec restarts it, with "
     b"an empty /sandbox/work and a new, empty Python session (the payloads stay)\n"
@@ -120,9 +123,9 @@ class Observed:
     """Seconds from the exec's start to the end of its output."""
     timeout: float
     end_mark: bool
-    """run.sh ended its stderr with END_MARKER."""
+    """The runner said the script ended (END_MARKER, or the fork server's END)."""
     oom_mark: bool
-    """run.sh wrote OOM_MARKER."""
+    """The runner said the memory limit killed something while it ran."""
     died: State | None = None
     """The container's State as the watch saw it stop (closed is SANDBOX_DIED)."""
 
@@ -145,7 +148,8 @@ class Deadlines:
 
 
 def split_marks(stderr: bytes) -> tuple[bytes, bool, bool]:
-    """stderr without run.sh's marks, whether it had the end mark, whether the OOM mark."""
+    """stderr without the session relay's marks, whether it had the end mark, whether the
+    OOM mark."""
     stderr, ended = _strip(stderr, END_MARKER)
     stderr, oom = _strip(stderr, OOM_MARKER)
     return stderr, ended, oom

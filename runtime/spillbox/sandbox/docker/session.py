@@ -8,6 +8,7 @@ can end, and what the host then does, is outcome.py's table.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,6 @@ import docker
 from spillbox.errors import ExecError, SandboxError, retry
 from spillbox.sandbox.docker.engine import SqlEngine
 from spillbox.sandbox.docker.layout import (
-    RUN_SCRIPT,
     SCRIPT_USER,
     SESSION_SCRIPT,
     SESSION_USER,
@@ -36,6 +36,7 @@ from spillbox.sandbox.docker.outcome import (
     classify,
     split_marks,
 )
+from spillbox.sandbox.docker.runner import END, STARTED, STDOUT, Runner
 from spillbox.sandbox.docker.state import (
     State,
     memory_ran_out,
@@ -62,20 +63,15 @@ SESSION_RESTARTED_NOTE = (
 
 
 @dataclass(frozen=True)
-class _Runner:
-    """What one exec runs, and as whom: run.sh for a stateless script (the script uid), the
-    session's relay for a session cell (the session uid)."""
-
-    command: list[str]
-    user: str
-    stateless: bool
-
-
-@dataclass(frozen=True)
 class _Output:
-    """A script's exec as the host read it."""
+    """A script as the host read it."""
 
-    exec_id: str
+    started: bool
+    """It ran (a session relay always starts its cell; a fork server says so)."""
+    exit_code: int
+    end_mark: bool
+    """Its runner said it ended (the session relay's end mark, the fork server's END)."""
+    oom_mark: bool
     closed: Closed
     died: State | None
     """The container's State as the watch saw it stop (closed is SANDBOX_DIED)."""
@@ -85,8 +81,6 @@ class _Output:
     since: float
     """When the exec started (epoch seconds): Docker's events are asked from then on."""
     ran_for: float
-    alone: bool
-    """No other script of the task ran in this process when it ended."""
 
 
 class TaskSandbox:
@@ -116,9 +110,8 @@ class TaskSandbox:
         self._container: Any = None
         """The container the last exec used: saves a lookup (list + inspect) per exec."""
         self._engine: SqlEngine | None = None
-        self._scripts = 0
-        """Stateless scripts of the task running in this process: a sweep of the script uid
-        must spare them."""
+        self._runners: list[Runner] = []
+        """Idle relays into the fork server (runner.py), kept for the next script."""
         self._session_in: str | None = None
         """The container (and start) of this process's last session call: in another, or
         after a restart, the session is new."""
@@ -166,9 +159,17 @@ class TaskSandbox:
         return self._container
 
     def forget(self) -> None:
-        """Drop what this process remembers of the container and its engine."""
+        """Drop what this process remembers of the container: its engine connection and
+        the relays into its fork server."""
         self._container = None
         self.drop_engine()
+        self._drop_runners()
+
+    def _drop_runners(self) -> None:
+        with self._lock:
+            runners, self._runners = self._runners, []
+        for runner in runners:
+            runner.close()
 
     def drop_engine(self, *, kill: bool = False) -> None:
         """Let go of the SQL engine connection: the engine sees its input end and exits
@@ -188,6 +189,7 @@ class TaskSandbox:
         if thread is not None:
             thread.join()
         self.drop_engine()
+        self._drop_runners()
 
     def exec(
         self, lang: str, code: str, timeout: float, session: SessionCall | None = None
@@ -221,35 +223,40 @@ class TaskSandbox:
             return self._sql(container, code, timeout)
         if session is not None:
             return self._cell(container, session, code, timeout)
-        runner = _Runner([RUN_SCRIPT, f"{timeout:g}", lang, code], SCRIPT_USER, stateless=True)
-        return self._script(container, runner, timeout)
+        return self._finish(container, self._fast(container, lang, code, timeout), timeout)
 
     def _cell(
         self, container: Any, session: SessionCall, code: str, timeout: float
     ) -> RawExec | Outcome:
         """Run a python cell in the task's session (session.py in the image): its relay
-        ends as run.sh does, so the cell is read and classified as a script is."""
+        ends with the end mark, so the cell is read and classified as a script is."""
         # -S: the relay needs no site-packages, and starts faster without them.
         command = ["python3", "-S", SESSION_SCRIPT, "run" if session == "keep" else "reset"]
-        runner = _Runner([*command, f"{timeout:g}", code], SESSION_USER, stateless=False)
         # A container restarted in place keeps its id: its start time tells the two apart.
         started = f"{container.id}@{container.attrs.get('State', {}).get('StartedAt')}"
         before, self._session_in = self._session_in, started
-        ran = self._script(container, runner, timeout)
+        output = self._read(container, [*command, f"{timeout:g}", code], timeout)
+        ran = self._finish(container, output, timeout)
         if isinstance(ran, RawExec) and session == "keep" and before not in (None, started):
             ran = replace(ran, stderr=SESSION_RESTARTED_NOTE + ran.stderr)
         return ran
 
-    def _script(self, container: Any, runner: _Runner, timeout: float) -> RawExec | Outcome:
-        """Run one script (run.sh) or session cell (its relay): read its output, classify
-        how it ended, act on that (outcome.py)."""
-        output = self._read(container, runner, timeout)
+    def _finish(self, container: Any, output: _Output, timeout: float) -> RawExec | Outcome:
+        """Classify how a script or session cell ended, and act on that (outcome.py)."""
         if output.closed is Closed.GAVE_UP:
             self._restart(container)
-        stderr, end_mark, oom_mark = split_marks(output.stderr)
-        exit_code = self._exit_code(output)
+        if not output.started:
+            self.forget()
+            return Outcome.NEVER_STARTED
+        exit_code = output.exit_code if output.closed is Closed.OUTPUT_ENDED else EXIT_KILLED
         seen = Observed(
-            output.closed, exit_code, output.ran_for, timeout, end_mark, oom_mark, output.died
+            output.closed,
+            exit_code,
+            output.ran_for,
+            timeout,
+            output.end_mark,
+            output.oom_mark,
+            output.died,
         )
         outcome = classify(
             seen,
@@ -259,11 +266,7 @@ class TaskSandbox:
         if outcome is Outcome.NEVER_STARTED:
             self.forget()
             return outcome
-        restarted = Outcome.KILLED_AFTER_GRACE in outcome
-        if runner.stateless and output.alone and Outcome.TIMED_OUT in outcome and not restarted:
-            # What escaped the script's group; with a neighbour still running, the sweep
-            # waits for the last script of the task to end (run.sh sweeps then).
-            self._kill_scripts(container)
+        stderr = output.stderr
         if Outcome.SANDBOX_STOPPED in outcome:
             self.forget()
             stderr += STOPPED_NOTE
@@ -276,14 +279,73 @@ class TaskSandbox:
             stdout_truncated=output.stdout_truncated,
         )
 
-    def _read(self, container: Any, runner: _Runner, timeout: float) -> _Output:
-        """Start the script and read its output until it ends, the sandbox dies, or the host
-        gives up (Deadlines: at kill_at the host kills the runner uid's processes)."""
+    def _fast(self, container: Any, lang: str, code: str, timeout: float) -> _Output:
+        """Run a stateless script in the fork server, through a relay kept open (runner.py),
+        and read it until its end, the sandbox's death, or the host gives up (Deadlines: at
+        kill_at the host kills every process of the script uid)."""
+        runner = self._runner_for(container)
+        started, since = time.monotonic(), time.time()
+        deadlines = Deadlines.behind(timeout, started)
+        stdout = CappedBuffer(self._max_output_bytes)
+        stderr = CappedBuffer(STDERR_CAP_BYTES)
+        closed, died, began, end = Closed.OUTPUT_ENDED, None, False, None
+        try:
+            late = (deadlines.kill_at, partial(self._kill_scripts, container, SCRIPT_USER))
+            for kind, data in runner.run(lang, code, timeout, deadlines.give_up_at, late):
+                if kind == STARTED:
+                    began = True
+                elif kind == END:
+                    end = json.loads(data)
+                else:
+                    (stdout if kind == STDOUT else stderr).add(data)
+        except GaveUp:
+            closed = Closed.GAVE_UP
+        except SandboxDied as e:
+            closed, died = Closed.SANDBOX_DIED, e.state
+        except OSError:
+            pass  # the relay's connection broke: the script ended unseen (or never began)
+        finally:
+            self._put_back(runner, end is not None)
+        return _Output(
+            started=began,
+            exit_code=EXIT_KILLED if end is None else int(end["exit_code"]),
+            end_mark=end is not None,
+            oom_mark=end is not None and bool(end["oom_killed"]),
+            closed=closed,
+            died=died,
+            stdout=stdout.value(),
+            stdout_truncated=stdout.dropped > 0,
+            stderr=stderr.value(),
+            since=since,
+            ran_for=time.monotonic() - started,
+        )
+
+    def _runner_for(self, container: Any) -> Runner:
+        """An idle relay into the container's fork server, or a new one."""
+        with self._lock:
+            while self._runners:
+                runner = self._runners.pop()
+                if runner.container_id == container.id:
+                    return runner
+                runner.close()
+        return Runner(self.client, container)
+
+    def _put_back(self, runner: Runner, reusable: bool) -> None:
+        if not reusable:
+            runner.close()
+            return
+        with self._lock:
+            self._runners.append(runner)
+
+    def _read(self, container: Any, command: list[str], timeout: float) -> _Output:
+        """Start a session cell's relay and read its output until it ends, the sandbox dies,
+        or the host gives up (Deadlines: at kill_at the host kills every process of the
+        session uid)."""
         stream = ExecStream(
             self.client.api,
             container.id,
-            runner.command,
-            user=runner.user,
+            command,
+            user=SESSION_USER,
             stdin=False,
             home=WORK_MOUNT,
         )
@@ -292,14 +354,13 @@ class TaskSandbox:
         stdout = CappedBuffer(self._max_output_bytes)
         stderr = CappedBuffer(STDERR_CAP_BYTES)
         closed, died = Closed.OUTPUT_ENDED, None
-        self._script_started(runner.stateless)
         try:
             for kind, data in watched_frames(
                 stream,
                 container,
                 self.client,
                 give_up_at=deadlines.give_up_at,
-                late=(deadlines.kill_at, partial(self._kill_scripts, container, runner.user)),
+                late=(deadlines.kill_at, partial(self._kill_scripts, container, SESSION_USER)),
             ):
                 (stdout if kind == 1 else stderr).add(data)
         except GaveUp:
@@ -310,36 +371,26 @@ class TaskSandbox:
             raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             stream.close()
-            alone = self._script_ended(runner.stateless)
+        text, end_mark, oom_mark = split_marks(stderr.value())
         return _Output(
-            exec_id=stream.exec_id,
+            started=True,
+            exit_code=self._exit_code(stream.exec_id) if closed is Closed.OUTPUT_ENDED else 0,
+            end_mark=end_mark,
+            oom_mark=oom_mark,
             closed=closed,
             died=died,
             stdout=stdout.value(),
             stdout_truncated=stdout.dropped > 0,
-            stderr=stderr.value(),
+            stderr=text,
             since=since,
             ran_for=time.monotonic() - started,
-            alone=alone,
         )
 
-    def _exit_code(self, output: _Output) -> int:
-        """The exec's exit code; a restart or a dead sandbox takes it with the exec."""
-        if output.closed is not Closed.OUTPUT_ENDED:
-            return EXIT_KILLED
+    def _exit_code(self, exec_id: str) -> int:
+        """An exec's exit code, once its output ended."""
         with docker_errors("reading a script's exit code"):
-            exit_code = self.client.api.exec_inspect(output.exec_id)["ExitCode"]
+            exit_code = self.client.api.exec_inspect(exec_id)["ExitCode"]
         return EXIT_KILLED if exit_code is None else int(exit_code)
-
-    def _script_started(self, stateless: bool) -> None:
-        with self._lock:
-            self._scripts += stateless
-
-    def _script_ended(self, stateless: bool) -> bool:
-        """Count one script fewer; whether no stateless script of the task runs here now."""
-        with self._lock:
-            self._scripts -= stateless
-            return not self._scripts
 
     def _restart(self, container: Any) -> None:
         """KILLED_AFTER_GRACE: restart the container (the payloads are on the host)."""
@@ -347,7 +398,7 @@ class TaskSandbox:
         # Gone already: the next exec creates a new one.
         best_effort(partial(container.restart, timeout=0), None)
 
-    def _kill_scripts(self, container: Any, user: str = SCRIPT_USER) -> None:
+    def _kill_scripts(self, container: Any, user: str) -> None:
         """Kill every process of a uid (the script uid: the whole group and any that escaped
         it; the session uid: the session, its cell and whatever that left)."""
         # A container that is gone took its processes with it.

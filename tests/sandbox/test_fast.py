@@ -1,0 +1,72 @@
+"""Stateless scripts through the fork server, under runc and gVisor: prepared ahead, yet
+nothing of one script reaches the next; the fork server killed by a script; long scripts.
+(Every attack test in test_attacks.py runs its scripts through this path too.)"""
+
+from __future__ import annotations
+
+import test_attacks
+from test_attacks import probe
+
+from spillbox import Task
+
+harness = test_attacks.harness
+"""A docker harness, under runc and again under gVisor."""
+task = test_attacks.task
+
+
+def test_a_python_script_starts_prepared_and_as_python3_c_would(task: Task) -> None:
+    found = probe(
+        task,
+        "import json, os, sys\n"
+        "print(json.dumps({'preloaded': [m in sys.modules for m in ('duckdb', 'pyarrow', 'jq')],"
+        " 'name': __name__, 'argv': sys.argv, 'path0': sys.path[0], 'cwd': os.getcwd(),"
+        " 'stdin': sys.stdin.read(), 'pgid_is_pid': os.getpgid(0) == os.getpid()}))",
+    )
+    assert found == {
+        "preloaded": [True, True, True],
+        "name": "__main__",
+        "argv": ["-c"],
+        "path0": "",
+        "cwd": "/sandbox/work",
+        "stdin": "",
+        "pgid_is_pid": True,  # a process group of its own, which its timeout signals whole
+    }
+
+
+def test_nothing_of_one_script_reaches_the_next(task: Task) -> None:
+    planted = task.exec(
+        "python",
+        "import builtins, duckdb, sys\n"
+        "builtins.planted = 1\n"
+        "duckdb.planted = 1\n"
+        "sys.modules['json'] = None\n"
+        "duckdb.sql('CREATE TABLE planted AS SELECT 1')",
+    )
+    assert planted.exit_code == 0, planted.stderr
+    found = probe(
+        task,
+        "import builtins, duckdb, json\n"
+        "tables = duckdb.sql('SHOW TABLES').fetchall()\n"
+        "print(json.dumps([hasattr(builtins, 'planted'), hasattr(duckdb, 'planted'), tables]))",
+    )
+    assert found == [False, False, []]
+
+
+def test_a_script_that_kills_the_fork_server_ends_and_the_next_one_runs(task: Task) -> None:
+    result = task.exec(
+        "python", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('done')"
+    )
+    assert result.text == "done\n"
+    assert result.exit_code == 137 and not result.timed_out
+    after = task.exec("python", "print('alive')")
+    assert (after.exit_code, after.text) == (0, "alive\n"), after.stderr
+    assert task.exec("sh", "echo alive").text == "alive\n"
+
+
+def test_a_long_script_runs(task: Task) -> None:
+    # Over Linux's limit for one command-line argument (128 KB), which a script passed
+    # to `docker exec` as an argument could not pass.
+    code = "x = 0\n" + "x += 1\n" * 30_000 + "print(x)"
+    assert len(code) > 200_000
+    result = task.exec("python", code)
+    assert (result.exit_code, result.text) == (0, "30000\n"), result.stderr[-500:]
