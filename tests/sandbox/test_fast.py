@@ -4,10 +4,14 @@ nothing of one script reaches the next; the fork server killed by a script; long
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 import test_attacks
 from test_attacks import probe
 
-from spillbox import Task
+from spillbox import Harness, Task
+from spillbox.sandbox.docker import ENGINE_USER, DockerBackend
 
 harness = test_attacks.harness
 """A docker harness, under runc and again under gVisor."""
@@ -70,3 +74,30 @@ def test_a_long_script_runs(task: Task) -> None:
     assert len(code) > 200_000
     result = task.exec("python", code)
     assert (result.exit_code, result.text) == (0, "30000\n"), result.stderr[-500:]
+
+
+@pytest.mark.parametrize("sandbox_dies", [True, False], ids=["sandbox-dies", "sandbox-lives"])
+def test_a_relay_cut_under_its_script_asks_what_became_of_the_sandbox(
+    task: Task, harness: Harness, sandbox_dies: bool
+) -> None:
+    """The relay's output ends without the script's end (killed from outside: no script can,
+    it is another uid), then the sandbox stops, or not: reported as what it was, and the
+    next script runs (in a restarted sandbox, or through a new relay)."""
+    assert isinstance(harness.backend, DockerBackend)
+    container = harness.backend.container(task.storage)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(
+            task.exec, "sh", "echo out; touch /sandbox/work/started; sleep 30", timeout=60
+        )
+        while task.exec("sh", "test -e /sandbox/work/started").exit_code != 0:
+            assert not running.done(), running.result()
+        cut = container.exec_run(["pkill", "-KILL", "-f", "forkserver.py relay"], user=ENGINE_USER)
+        assert cut.exit_code == 0, cut.output
+        if sandbox_dies:
+            container.kill()
+        result = running.result()
+    assert result.exit_code == 137 and not result.timed_out and not result.oom_killed
+    assert result.text == "out\n"
+    assert ("the sandbox stopped while the script ran" in result.stderr) == sandbox_dies
+    again = task.exec("sh", "echo again")
+    assert (again.exit_code, again.text) == (0, "again\n"), again.stderr
