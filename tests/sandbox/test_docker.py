@@ -212,3 +212,28 @@ def test_cli_exec_json_and_tasks(docker_home: Path) -> None:
     )
     assert "cli" in [row["task"] for row in json.loads(tasks.stdout)]
     subprocess.run([*cli, "rm", "cli", *base], check=True, capture_output=True)
+
+
+def test_deleting_an_artifact_deletes_its_copies_in_the_sandboxs_writable_folders(
+    harness: Harness,
+) -> None:
+    """/sandbox/work and /tmp live in the container (tmpfs): a deleted payload's copies and
+    conversions there go, from inside, and older scratch stays (README, Retention)."""
+    with harness.task("derived-inside") as task:
+        kept = task.exec("sh", "echo older > /sandbox/work/older.txt")
+        assert kept.exit_code == 0, kept.stderr
+        # Deletion takes what changed since the payload's creation less a second of clock
+        # slack (storage.CLOCK_SLACK_SECONDS): older scratch is older than that.
+        time.sleep(2)
+        task.admit([ToolResult(call_id="c1", tool="list_prs", content=prs(300))])
+        made = task.exec(
+            "sh",
+            "cp /sandbox/offload/c1.json /sandbox/work/copy.json && mkdir /sandbox/work/sub && "
+            "jq -c '.[]' /sandbox/offload/c1.json > /sandbox/work/sub/c1.ndjson && "
+            "cp /sandbox/offload/c1.json /tmp/c1.json && echo ok",
+        )
+        assert made.text.strip() == "ok", made.stderr
+        task.delete("c1")
+        left = task.exec("sh", "cd /sandbox/work && find . /tmp -mindepth 1 | sort")
+        assert left.text.split() == ["./older.txt"], left.text
+        task.close(delete=True)
