@@ -128,7 +128,9 @@ class TaskSandbox:
             thread = self._starting = threading.Thread(
                 target=self._start_in_background, daemon=True
             )
-        thread.start()
+            # Started under the lock: a second caller must never get a thread it cannot join
+            # yet (two first execs at once raised "cannot join thread before it is started").
+            thread.start()
         return thread
 
     def _start_in_background(self) -> None:
