@@ -305,7 +305,12 @@ def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
             assert names == ["sandbox_exec", "read_artifact", "list_artifacts"]
         [spec] = [s for s in toolset.specs() if s.name == "sandbox_exec"]
         assert spec.parameters["required"] == [
-            "lang", "code", "artifact", "timeout", "session", "reset_session"
+            "lang",
+            "code",
+            "artifact",
+            "timeout",
+            "session",
+            "reset_session",
         ]
         assert nullable(spec) == {"artifact", "timeout", "session", "reset_session"}
         assert spec.parameters["properties"]["lang"]["enum"] == list(LANGS)

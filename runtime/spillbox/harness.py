@@ -279,9 +279,7 @@ class Task(_ClosedOnExit):
         the notices' hints name them, with ready-to-send arguments."""
         self.tools = frozenset(names)
 
-    def admit(
-        self, results: Sequence[ToolResult], remaining: int | None = None
-    ) -> list[Admitted]:
+    def admit(self, results: Sequence[ToolResult], remaining: int | None = None) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate).
 
         remaining: the tokens a budget still has for tool results, for the policy's
