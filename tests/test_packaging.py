@@ -1,5 +1,6 @@
 """An installed wheel, not only a checkout, carries what spillbox needs at run time: the
-sandbox image's files (with run.sh executable), so the image it builds is the same one."""
+sandbox image's files, so the image it builds is the same one, and the catalog's
+migrations."""
 
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, os, spillbox
 from spillbox.sandbox.image import image_tag, images_dir
-run_sh = images_dir() / "sandbox" / "runtime" / "run.sh"
+import pathlib, tempfile
+from spillbox.catalog import Catalog
+runtime = images_dir() / "sandbox" / "runtime"
+catalog = Catalog(pathlib.Path(tempfile.mkdtemp()))
+catalog.task("t1")
 print(json.dumps({"package": spillbox.__file__, "images": str(images_dir()),
-                  "tag": image_tag(), "run_sh_executable": os.access(run_sh, os.X_OK)}))
+                  "tag": image_tag(), "runtime": sorted(p.name for p in runtime.glob("*.py")),
+                  "migrated": catalog.migrated}))
 """
 
 
@@ -53,5 +59,7 @@ def test_an_installed_wheel_builds_the_same_image_as_the_checkout(tmp_path: Path
     found = json.loads(probe.stdout)
     assert Path(found["package"]).is_relative_to(target)
     assert Path(found["images"]) == target / "spillbox" / "sandbox_images"
-    assert found["run_sh_executable"]
+    checkout = REPO / "sandbox_images" / "sandbox" / "runtime"
+    assert found["runtime"] == sorted(p.name for p in checkout.glob("*.py"))
     assert found["tag"] == image_tag()
+    assert found["migrated"]  # the migrations ship in the wheel, and ran

@@ -193,40 +193,6 @@ def test_a_container_killed_under_a_query_runs_the_query_again_in_a_restarted_on
     gc.collect()  # as above: a leaked engine socket fails here
 
 
-@pytest.mark.parametrize("sandbox_dies", [True, False], ids=["sandbox-dies", "sandbox-lives"])
-def test_a_runner_that_ends_without_its_end_mark_asks_what_became_of_the_sandbox(
-    harness: Harness, docker_client: Any, sandbox_dies: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # In CI a gVisor sandbox at its memory limit ended the exec ("WaitPID failed: EOF",
-    # exit 128) while Docker still said it ran; it said otherwise a moment later. Replayed:
-    # the script kills its runner (so no end mark), and the container's PID 1 dies 0.5 s
-    # after the exec ended, or never.
-    task = harness.task(f"no-end-mark-{sandbox_dies}")
-    offload(task, "c1", prs(20))
-    assert task.exec("sh", "true").exit_code == 0  # the container runs
-    [before] = containers(docker_client, harness.settings.home, task.id)
-    if sandbox_dies:
-        api = harness.backend.client.api  # type: ignore[attr-defined]
-        inspect = api.exec_inspect
-
-        def inspect_then_die(*args: Any, **kwargs: Any) -> Any:
-            monkeypatch.setattr(api, "exec_inspect", inspect)
-            before.reload()
-            threading.Timer(0.5, os.kill, (before.attrs["State"]["Pid"], signal.SIGKILL)).start()
-            return inspect(*args, **kwargs)
-
-        monkeypatch.setattr(api, "exec_inspect", inspect_then_die)
-    # The script's parent is `timeout`; its parent, the runner (field 4 of stat: the ppid).
-    result = task.exec("sh", "echo out; kill -KILL $(cut -d' ' -f4 /proc/$PPID/stat)")
-    assert result.exit_code == 137 and not result.timed_out and not result.oom_killed
-    assert result.text == "out\n"
-    assert ("the sandbox stopped while the script ran" in result.stderr) == sandbox_dies
-    again = task.exec("sh", "wc -c < /sandbox/offload/c1.json")
-    assert again.exit_code == 0, again.stderr
-    assert again.text.strip() == str(len(prs(20)))
-    gc.collect()  # as above: a leaked engine socket fails here
-
-
 def test_a_full_disk_is_a_clear_error_and_no_partial_artifact(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         skip_unless_ci("mounting a small tmpfs needs root (CI runs as root)")
@@ -299,8 +265,9 @@ def test_a_deleted_artifact_loses_its_derived_copies_and_a_query_names_the_tombs
     assert copy.text.strip() == "ok", copy.stderr
     task.delete("c1", by="operator")
     assert sorted(p.name for p in task.storage.offload.iterdir()) == ["c2.json"]
-    assert list(task.storage.work.iterdir()) == []  # the copy and the conversion
-    assert task.exec("sh", "ls -A /tmp").text.strip() == ""
+    # The copy and the conversion, in the container's own folders (work is its tmpfs).
+    left = task.exec("python", "import os; print(os.listdir('/sandbox/work'), os.listdir('/tmp'))")
+    assert left.text.strip() == "[] []", left.stderr
     derived = [p for p in task.storage.cache.rglob("*") if p.is_file()]
     assert not [p for p in derived if "c1" in p.name], derived
     gone = task.exec("sql", 'SELECT count(*) FROM "c1"')
