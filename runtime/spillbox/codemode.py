@@ -17,6 +17,7 @@ cell of the task's persistent Python session, where names from earlier session c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 from spillbox.errors import ExecError
@@ -155,6 +156,11 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
     return found
 
 
+JQ_WHOLE_MAX_BYTES = 16 * 1024 * 1024
+"""Wrapped records in a payload over this size get jq hints that stream (--stream): jq
+parsing 72 MB whole was killed at the sandbox's 1 GB memory limit."""
+
+
 def _records_hints(
     artifact: Artifact, path: tuple[str, ...], languages: Sequence[str]
 ) -> list[Hint]:
@@ -172,7 +178,20 @@ def _records_hints(
                 f"SELECT unnest({table_name(first)}{fields}, max_depth := 2) FROM {table} LIMIT 5",
             )
         )
-    if "sh" in languages:
+    if "sh" in languages and artifact.bytes > JQ_WHOLE_MAX_BYTES:
+        # jq 1.6 holds a document it parses whole at many times its size: past this, it
+        # reads the events of --stream, keeping one record at a time.
+        under = json.dumps(list(path))
+        records = (
+            f"limit(2; fromstream({len(path) + 1}|truncate_stream("
+            f"inputs | select(.[0][:{len(path)}] == {under}))))"
+        )
+        envelope = (
+            f"fromstream(inputs | select(.[0][:{len(path)}] != {under} or (.[0]|length) == 1))"
+        )
+        for jq_filter in (records, envelope):
+            found.append(Hint("sh", f"jq -cn --stream {shell_quote(jq_filter)} {artifact.path}"))
+    elif "sh" in languages:
         jq_path = "." + path_text(path)
         found.append(Hint("sh", f"jq -c {shell_quote(jq_path + '[:2][]')} {artifact.path}"))
         found.append(Hint("sh", f"jq -c {shell_quote(f'del({jq_path})')} {artifact.path}"))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from api_shapes import SHAPES, at_least, github_search
-from spillbox import Harness, ToolResult, parse_notice
+from spillbox import Harness, ToolResult, codemode, parse_notice
 from spillbox.tools import Toolset
 
 pytestmark = pytest.mark.docker
@@ -116,6 +116,21 @@ def test_the_hints_of_a_large_wrapped_payload_run(harness: Harness, megabytes: i
         assert json.loads(fields["keys"]) == list(value)
         check_hints(task, "big", text, value, path)
         assert len(at_path(value, path)) == count
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_streaming_jq_hints_give_what_the_whole_ones_do(
+    harness: Harness, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past JQ_WHOLE_MAX_BYTES the jq hints read --stream events (jq 1.6 parsing a 72 MB
+    document whole was killed at the memory limit); here at every size, for each shape,
+    the GraphQL one four keys deep."""
+    monkeypatch.setattr(codemode, "JQ_WHOLE_MAX_BYTES", 0)
+    builder, path, _ = SHAPES[name]
+    value = builder(300)
+    with harness.task(f"streamed-{name}") as task:
+        fields = check_hints(task, "api", json.dumps(value, indent=1), value, path)
+    assert all("--stream" in hint for hint in fields["hint"].splitlines()[1:])
 
 
 def test_the_tool_hints_of_a_wrapped_payload_run(harness: Harness) -> None:
