@@ -29,7 +29,7 @@ from spillbox.paging import (
     records_path,
 )
 from spillbox.profile import parse_path, path_text
-from spillbox.types import LANGS
+from spillbox.types import LANGS, Image
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
@@ -185,6 +185,9 @@ class ToolOutput:
     is_error: bool = False
     offloadable: bool = True
     """False for read_artifact pages: already bounded, and offloading one would loop."""
+    images: tuple[Image, ...] = ()
+    """Images to show the model after the text (sandbox_exec: files and figures a script
+    left); each adapter gives them in its provider's shape."""
 
 
 def tool_names(languages: Sequence[str], taken: Collection[str] = ()) -> tuple[str, ...]:
@@ -258,7 +261,7 @@ class Toolset:
             reset_session=reset,
         )
         body = json.dumps(result.as_json(), ensure_ascii=False)
-        return ToolOutput(body, is_error=result.exit_code != 0)
+        return ToolOutput(body, is_error=result.exit_code != 0, images=result.images)
 
     def _read(self, args: dict[str, Any]) -> ToolOutput:
         ref = args.get("artifact_id") or args.get("path")

@@ -173,6 +173,40 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class OutputFile:
+    """A file a script left in the sandbox's output folder, as the host received it."""
+
+    name: str
+    """Its name in the folder: one path component, printable (the sandbox checks it)."""
+    data: bytes
+
+
+IMAGE_TYPES: dict[str, str] = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg"}
+"""Output files shown to the model as images, by extension: the formats every provider
+accepts (SVG is not one: it is stored and named, not shown)."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image a script left (a file, or a matplotlib figure saved as PNG), as the model is
+    shown it: the bytes of the artifact at `path`."""
+
+    mime: str
+    """"image/png" or "image/jpeg"."""
+    data: bytes
+    path: str
+    """The artifact it is stored as, as the sandbox sees it."""
+
+    def base64(self) -> str:
+        import base64
+
+        return base64.b64encode(self.data).decode("ascii")
+
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{self.base64()}"
+
+
+@dataclass(frozen=True)
 class RawExec:
     """What a script did, before the gate sees its output."""
 
@@ -183,6 +217,10 @@ class RawExec:
     oom_killed: bool
     stdout_truncated: bool = False
     """True if stdout was over the backend's output cap; the middle was dropped, not the tail."""
+    files: tuple[OutputFile, ...] = ()
+    """What the script left in the output folder (taken out of it: the folder is emptied)."""
+    file_notes: tuple[str, ...] = ()
+    """Entries of the output folder that were not taken, and why (one line each)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +236,12 @@ class ExecResult:
     artifact: Artifact | None
     timed_out: bool
     oom_killed: bool
+    files: tuple[Artifact, ...] = ()
+    """The artifacts made of the files the script left in the output folder."""
+    images: tuple[Image, ...] = ()
+    """Those of them shown to the model as images (bounded in count and size per call)."""
+    file_notes: tuple[str, ...] = ()
+    """Output files not stored or not shown, and why."""
 
     def as_json(self) -> dict[str, object]:
         """The result as the sandbox_exec tool returns it to the model, and as `spillbox exec
@@ -210,6 +254,15 @@ class ExecResult:
             "oom_killed": self.oom_killed,
             "offloaded": self.offloaded,
             "path": self.path,
+            "files": [
+                {
+                    "path": f.path,
+                    "bytes": f.bytes,
+                    "shown": any(i.path == f.path for i in self.images),
+                }
+                for f in self.files
+            ],
+            "file_notes": list(self.file_notes),
         }
 
     @property
