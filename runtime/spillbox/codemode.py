@@ -20,16 +20,31 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from spillbox.errors import ExecError
+from spillbox.errors import ExecError, SpillboxError
 from spillbox.notice import Hint
 from spillbox.profile import path_text
 from spillbox.protocols import TaskHandle
-from spillbox.types import LANGS, Artifact, ExecResult, RawExec, SessionCall, ToolResult
+from spillbox.types import (
+    IMAGE_TYPES,
+    LANGS,
+    Artifact,
+    ExecResult,
+    Image,
+    RawExec,
+    SessionCall,
+    ToolResult,
+)
 
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
 STDERR_HEAD_CHARS = 2_000
 STDERR_TAIL_CHARS = 2_000
+
+MAX_IMAGES = 4
+"""Images shown to the model per call; more are stored, named, and not shown."""
+MAX_IMAGE_BYTES = 2 * 1024 * 1024
+"""Largest image shown (every provider takes it: Anthropic's cap is 5 MB)."""
+_IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 
 TABLE_SHAPES = ("json_array", "json_object", "ndjson", "csv")
 """Shapes that the SQL engine loads as a table named after the artifact."""
@@ -73,6 +88,7 @@ def run(
     [admitted] = task.admit(
         [ToolResult(call_id=f"exec-{lang}", tool=f"sandbox_exec.{lang}", content=raw.stdout)]
     )
+    files, images, notes = keep_files(task, raw, f"sandbox_exec.{lang}")
     return ExecResult(
         exit_code=raw.exit_code,
         text=admitted.text,
@@ -81,7 +97,49 @@ def run(
         artifact=admitted.artifact,
         timed_out=raw.timed_out,
         oom_killed=raw.oom_killed,
+        files=files,
+        images=images,
+        file_notes=notes,
     )
+
+
+def keep_files(
+    task: TaskHandle, raw: RawExec, tool: str
+) -> tuple[tuple[Artifact, ...], tuple[Image, ...], tuple[str, ...]]:
+    """Store the files a script left in /sandbox/outputs as artifacts; the PNG and JPEG
+    ones (matplotlib figures among them) are also shown to the model, at most MAX_IMAGES
+    per call and MAX_IMAGE_BYTES each. What was not stored or not shown is in the notes."""
+    files: list[Artifact] = []
+    images: list[Image] = []
+    notes = list(raw.file_notes)
+    for output in raw.files:
+        try:
+            artifact = task.store_file(output.name, output.data, tool)
+        except SpillboxError as e:
+            notes.append(f"{output.name}: not stored: {e}")
+            continue
+        files.append(artifact)
+        mime = image_type(output.name, output.data)
+        why = ""
+        if mime is None:
+            if output.name.lower().endswith(".svg"):
+                why = "no model API takes SVG as an image (save a PNG to see it)"
+        elif len(images) >= MAX_IMAGES:
+            why = f"at most {MAX_IMAGES} images are shown per call"
+        elif len(output.data) > MAX_IMAGE_BYTES:
+            why = f"{len(output.data)} bytes, over the {MAX_IMAGE_BYTES}-byte cap of an image"
+        else:
+            images.append(Image(mime, output.data, artifact.path))
+        if why:
+            notes.append(f"{output.name}: stored as {artifact.path}, not shown: {why}")
+    return tuple(files), tuple(images), tuple(notes)
+
+
+def image_type(name: str, data: bytes) -> str | None:
+    """The MIME type of an output file shown as an image: its extension says PNG or JPEG
+    and its first bytes agree."""
+    mime = IMAGE_TYPES.get(name.rpartition(".")[2].lower())
+    return mime if mime is not None and data.startswith(_IMAGE_MAGIC[mime]) else None
 
 
 def session_call(lang: str, session: bool, reset: bool) -> SessionCall | None:

@@ -344,6 +344,19 @@ class Task(_ClosedOnExit):
             is_error=result.is_error,
         )
 
+    def store_file(self, name: str, data: bytes, tool: str) -> Artifact:
+        """Store a file a script left in /sandbox/outputs as an artifact of the task, byte
+        for byte (redacted first if the policy says so), under its own name where that is
+        plain, held to the retention policy and its quota like any offload."""
+        result = ToolResult(call_id=name, tool=tool, content=data)
+        payload, text = result.payload()
+        request = Offload(
+            result, payload, text, "output", None, PerCallLimit.of(self.policy), file_name=name
+        )
+        with self._lock:
+            artifact, _, _ = self._offload(request)
+        return artifact
+
     def exec(
         self,
         lang: Lang,

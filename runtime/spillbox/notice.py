@@ -53,6 +53,7 @@ _REASONS = {
     "aggregate": "the step was over the {aggregate}-token limit; largest offloaded first",
     "binary": "not UTF-8 text",
     "compaction": "an older tool result moved out of the conversation history",
+    "output": "a file a script left in /sandbox/outputs",
 }
 
 

@@ -12,6 +12,7 @@ so the path reads, and is tested, without a harness:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -26,7 +27,10 @@ from spillbox.redaction import Redaction, redact_payload
 from spillbox.retention import Retention, expires_at, quota_evictions
 from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, safe_name
 from spillbox.tokens import TokenCounter, total
-from spillbox.types import Artifact, ArtifactRow, Shape, TokenCount, ToolResult
+from spillbox.types import Artifact, ArtifactRow, Shape
+
+_EXTENSION = re.compile(r"[A-Za-z0-9]{1,10}")
+"""An output file's own extension, kept where it is this plain."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def offload(
                 same.name, dest.storage.offload / same.name, staged.sha256, len(data)
             )
         else:
-            stored = _publish(dest, staged, result, shape, request.tokens, redaction)
+            stored = _publish(dest, staged, request, shape, redaction)
     artifact = Artifact(
         id=stored.artifact_id,
         task_id=dest.task_id,
@@ -103,9 +107,8 @@ def offload(
 def _publish(
     dest: Destination,
     staged: Staged,
-    result: ToolResult,
+    request: Offload,
     shape: Shape,
-    tokens: TokenCount | None,
     redaction: Redaction | None,
 ) -> StoredFile:
     """Make room under the quota, make the payload visible and record it.
@@ -113,6 +116,7 @@ def _publish(
     With a quota the three hold the task's lock, so that harness processes filling one
     task at once cannot each find room for the same last slot.
     """
+    result, tokens = request.result, request.tokens
     policy = dest.retention
     quota = policy.max_bytes is not None or policy.max_artifacts is not None
     with dest.storage.locked() if quota else nullcontext():
@@ -120,7 +124,7 @@ def _publish(
             live = dest.catalog.artifacts(dest.task_id)
             for row in quota_evictions(policy, dest.task_id, live, staged.bytes):
                 dest.evict(row)
-        stored = staged.publish(safe_name(result.call_id), shape.extension)
+        stored = staged.publish(*_file_name(request, shape))
         now = time.time()
         row = ArtifactRow(
             task_id=dest.task_id,
@@ -151,6 +155,17 @@ def _publish(
             dest.storage.remove(stored.name)  # no payload without its row
             raise
     return stored
+
+
+def _file_name(request: Offload, shape: Shape) -> tuple[str, str]:
+    """The stored file's stem and extension: an output file keeps its own where they are
+    plain (figure-1.png), else the call id's and the shape's."""
+    if request.file_name is None:
+        return safe_name(request.result.call_id), shape.extension
+    stem, dot, extension = request.file_name.rpartition(".")
+    if not (dot and stem and _EXTENSION.fullmatch(extension)):
+        stem, extension = request.file_name, shape.extension
+    return safe_name(stem), extension.lower()
 
 
 def _notice(

@@ -14,7 +14,15 @@ from typing import Protocol
 
 from spillbox.config import Policy
 from spillbox.tokens import TokenCounter
-from spillbox.types import Admitted, ArtifactRow, ExecResult, Lang, Reason, ToolResult
+from spillbox.types import (
+    Admitted,
+    Artifact,
+    ArtifactRow,
+    ExecResult,
+    Lang,
+    Reason,
+    ToolResult,
+)
 
 
 class TaskHandle(Protocol):
@@ -34,6 +42,8 @@ class TaskHandle(Protocol):
     ) -> list[Admitted]: ...
 
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted: ...
+
+    def store_file(self, name: str, data: bytes, tool: str) -> Artifact: ...
 
     def exec(
         self,

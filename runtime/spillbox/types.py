@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, get_args
 
-Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld"]
+Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld", "output"]
 """Why a result's place in context is not the result itself (see spillbox.gate)."""
 
 Lang = Literal["sql", "jq", "python", "sh"]

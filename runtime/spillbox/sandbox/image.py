@@ -230,7 +230,10 @@ def _fetch_wheels(requirements: Path, cache: Path, report: Progress) -> Path:
                 *(sys.executable, "-m", "pip", "download", "--disable-pip-version-check"),
                 *("--progress-bar", "off", "--only-binary", ":all:"),
                 *("--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"),
-                *("--platform", platform_tag, "-r", str(requirements), "-d", str(download)),
+                # The older manylinux tag too: pip takes only the tags it is given, and
+                # some wheels (matplotlib's) are built for manylinux2014 alone.
+                *("--platform", platform_tag, "--platform", f"manylinux_2_17_{_arch()}"),
+                *("-r", str(requirements), "-d", str(download)),
             ],
             what="pip download of the sandbox wheels",
             hint="check access to the package index (pip config), then retry",

@@ -41,6 +41,8 @@ import struct
 import sys
 import time
 
+import takeout
+
 ADDRESS = "\0spillbox-forkserver"
 """An abstract Unix socket: it lives in the container's own network namespace (no network:
 a namespace of its own), so no file of it can be deleted, swapped or reached from outside."""
@@ -124,6 +126,7 @@ def _relay_one(server: socket.socket, request: dict[str, object], out: object) -
             selector.unregister(key.fileobj)
             open_ends -= 1
     status["oom_killed"] = oom_count() != before
+    status["outputs"] = takeout.waiting()
     _frame(out, b"E", json.dumps(status).encode())
 
 
@@ -146,6 +149,10 @@ def oom_count() -> str:
 def serve() -> None:
     import threading
 
+    takeout.configure_matplotlib()
+    # What scripts write (into /sandbox/outputs too) is for the group: the engine uid, which
+    # takes the output files, reads and removes them.
+    os.umask(0o007)
     import duckdb  # noqa: F401 (imported once, here: each python child starts with it)
     import jq  # noqa: F401
     import pyarrow  # noqa: F401
@@ -270,8 +277,6 @@ def _child(lang: str, code: str, out: int, err: int) -> None:
 
 
 def _python(code: str) -> int:
-    import traceback
-
     sys.argv = ["-c"]
     sys.path[0] = ""  # as `python3 -c` has it: the working folder, not the server's
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -283,20 +288,30 @@ def _python(code: str) -> int:
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
     except BaseException as e:
-        # As `python3 -c` prints it: without this server's own frame.
-        shown = traceback.TracebackException.from_exception(e)
-        here = os.path.abspath(__file__)
-        shown.stack = traceback.StackSummary.from_list(
-            [frame for frame in shown.stack if frame.filename != here]
-        )
-        print("".join(shown.format()), end="", file=sys.stderr)
-        status = 1
+        status = _print_error(e)
+    try:
+        takeout.save_figures()  # the figures a script leaves open come back as images
+    except Exception as e:
+        status = status or _print_error(e)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
     return status
+
+
+def _print_error(error: BaseException) -> int:
+    """Print an error as `python3 -c` does, without this server's own frame; status 1."""
+    import traceback
+
+    shown = traceback.TracebackException.from_exception(error)
+    here = os.path.abspath(__file__)
+    shown.stack = traceback.StackSummary.from_list(
+        [frame for frame in shown.stack if frame.filename != here]
+    )
+    print("".join(shown.format()), end="", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

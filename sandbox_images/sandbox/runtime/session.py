@@ -43,6 +43,7 @@ import sys
 import time
 from typing import Any
 
+import takeout
 from forkserver import oom_count  # beside this file, as the relay is run (python3 -S)
 
 RUN = "/sandbox/run"
@@ -59,6 +60,8 @@ EXIT_INTERRUPTED = 124
 EXIT_ENDED = 137
 END_MARK = b"\x1espillbox:end\n"
 OOM_MARK = b"\x1espillbox:oom_killed\n"
+OUTPUTS_MARK = b"\x1espillbox:outputs\n"
+"""Before the OOM and end marks: the cell left files in /sandbox/outputs for the host."""
 SWEEP_ROUNDS = 20
 LOST = (
     "spillbox: the Python session of this task had ended since its last call (a crash, the "
@@ -76,6 +79,8 @@ def relay(mode: str, timeout: float, code: str) -> int:
         status = _relay(mode, timeout, code)
     finally:
         sys.stdout.flush()
+        if takeout.waiting():
+            os.write(2, OUTPUTS_MARK)
         if oom_count() != before:
             os.write(2, OOM_MARK)
         os.write(2, END_MARK)
@@ -288,6 +293,7 @@ def serve() -> None:
     import threading
     from functools import partial
 
+    takeout.configure_matplotlib()
     import duckdb
     import jq
     import pyarrow
@@ -336,6 +342,7 @@ def serve() -> None:
                     os.dup2(fd, target)
                     os.close(fd)
                 exit_code = _cell(code, namespace, partial(_load, loader, con, code))
+                exit_code = _figures() or exit_code
             finally:
                 for stream in (sys.stdout, sys.stderr):
                     try:
@@ -444,6 +451,16 @@ def _cell(code: str, namespace: dict[str, Any], load: Any) -> int:
         return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 1
     finally:
         Cell.running = False
+
+
+def _figures() -> int:
+    """Save the figures the cell left open (takeout.py); 1 if that failed, said on stderr."""
+    try:
+        takeout.save_figures()
+        return 0
+    except Exception as e:
+        _print_error(e)
+        return 1
 
 
 def _print_error(error: BaseException) -> None:

@@ -32,6 +32,7 @@ from spillbox.sandbox.docker.layout import (
     ENGINE_USER,
     FORGET_SCRIPT,
     OFFLOAD_MOUNT,
+    OUTPUTS_MOUNT,
     RUN_MOUNT,
     SANDBOX_GID,
     SCRIPT_UID,
@@ -65,6 +66,7 @@ DEFAULT_PIDS = 256
 DEFAULT_CPUS = 1.0
 DEFAULT_TMP_SIZE = "64m"
 DEFAULT_WORK_SIZE = "256m"
+DEFAULT_OUTPUTS_SIZE = "64m"
 RUN_SIZE = "16m"
 """Cap of /sandbox/run, where the Python session keeps its socket, lock and log."""
 DEFAULT_EXPIRY = timedelta(days=7)
@@ -86,8 +88,8 @@ class SandboxOptions:
     network: bool = False
     """Give the container a network (default: none at all)."""
     read_only_root: bool = True
-    """Mount the image's filesystem read-only; only /tmp, /sandbox/work and cache are writable
-    (by scripts: /tmp and /sandbox/work, both size-capped tmpfs)."""
+    """Mount the image's filesystem read-only; only /tmp, /sandbox/work, /sandbox/outputs and
+    cache are writable (by scripts: the first three, each a size-capped tmpfs)."""
     memory: str = DEFAULT_MEMORY
     """Memory limit (swap included)."""
     pids: int = DEFAULT_PIDS
@@ -99,6 +101,9 @@ class SandboxOptions:
     """Size cap of /sandbox/work, a tmpfs: a write past it fails at once with ENOSPC. Its
     files live in the container's memory, so they also count against `memory`, and last as
     long as the container."""
+    outputs_size: str = DEFAULT_OUTPUTS_SIZE
+    """Size cap of /sandbox/outputs, a tmpfs: what a script leaves there is taken after each
+    call (and becomes artifacts), so the cap bounds what one call can hand out."""
     runtime: str | None = None
     """An OCI runtime, e.g. "runsc" for gVisor where the engine has it."""
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
@@ -341,6 +346,7 @@ class DockerBackend(SandboxBackend):
             "tmpfs": {
                 "/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}",
                 WORK_MOUNT: f"rw,noexec,nosuid,nodev,size={options.work_size},{work}",
+                OUTPUTS_MOUNT: f"rw,noexec,nosuid,nodev,size={options.outputs_size},{work}",
                 RUN_MOUNT: f"rw,noexec,nosuid,nodev,size={RUN_SIZE},{run}",
             },
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),

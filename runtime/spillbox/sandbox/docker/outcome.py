@@ -87,6 +87,8 @@ END_MARKER = b"\x1espillbox:end\n"
 """The session relay's last stderr line: a runner that ended by itself, in a live sandbox."""
 OOM_MARKER = b"\x1espillbox:oom_killed\n"
 """The session relay's line before the end mark when the memory limit killed something."""
+OUTPUTS_MARKER = b"\x1espillbox:outputs\n"
+"""The session relay's line before those when the cell left files in /sandbox/outputs."""
 STOPPED_NOTE = (
     b"spillbox: the sandbox stopped while the script ran; the next exec restarts it, with "
     b"an empty /sandbox/work and a new, empty Python session (the payloads stay)\n"
@@ -147,12 +149,13 @@ class Deadlines:
         )
 
 
-def split_marks(stderr: bytes) -> tuple[bytes, bool, bool]:
-    """stderr without the session relay's marks, whether it had the end mark, whether the
-    OOM mark."""
+def split_marks(stderr: bytes) -> tuple[bytes, bool, bool, bool]:
+    """stderr without the session relay's marks, whether it had the end mark, the OOM mark,
+    the outputs mark."""
     stderr, ended = _strip(stderr, END_MARKER)
     stderr, oom = _strip(stderr, OOM_MARKER)
-    return stderr, ended, oom
+    stderr, outputs = _strip(stderr, OUTPUTS_MARKER)
+    return stderr, ended, oom, outputs
 
 
 def classify(

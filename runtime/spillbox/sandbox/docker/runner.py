@@ -11,7 +11,6 @@ another script asked.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from spillbox.sandbox.docker.layout import (
     SCRIPT_USER,
     WORK_MOUNT,
 )
-from spillbox.sandbox.docker.stream import ExecStream, Late, watched_frames
+from spillbox.sandbox.docker.stream import ExecStream, Frames, Late, watched_frames
 
 STARTED = b"S"
 """The fork server forked the script: from here on, it ran."""
@@ -52,7 +51,7 @@ class Runner:
             stdin=True,
             home=WORK_MOUNT,
         )
-        self._pending = bytearray()
+        self._frames = Frames()
         self.errors = bytearray()
         """What the relay itself wrote on stderr (why it failed, if it did)."""
 
@@ -71,25 +70,14 @@ class Runner:
             if stream != 1:
                 self.errors += payload
                 continue
-            self._pending += payload
-            while (frame := self._frame()) is not None:
-                kind, data = frame
+            self._frames.feed(payload)
+            for kind, data in self._frames:
                 if kind == NO_SERVER:
                     self._start_server()
                     continue
                 yield kind, data
                 if kind == END:
                     return
-
-    def _frame(self) -> tuple[bytes, bytes] | None:
-        if len(self._pending) < 5:
-            return None
-        size = struct.unpack(">I", self._pending[1:5])[0]
-        if len(self._pending) < 5 + size:
-            return None
-        kind, data = bytes(self._pending[:1]), bytes(self._pending[5 : 5 + size])
-        del self._pending[: 5 + size]
-        return kind, data
 
     def _start_server(self) -> None:
         """Start the fork server, as the script uid, detached: it lives as long as the

@@ -21,9 +21,11 @@ import docker
 from spillbox.errors import ExecError, SandboxError, retry
 from spillbox.sandbox.docker.engine import SqlEngine
 from spillbox.sandbox.docker.layout import (
+    ENGINE_USER,
     SCRIPT_USER,
     SESSION_SCRIPT,
     SESSION_USER,
+    TAKEOUT_SCRIPT,
     WORK_MOUNT,
 )
 from spillbox.sandbox.docker.outcome import (
@@ -46,16 +48,22 @@ from spillbox.sandbox.docker.state import (
 from spillbox.sandbox.docker.stream import (
     CappedBuffer,
     ExecStream,
+    Frames,
     GaveUp,
     SandboxDied,
     watched_frames,
 )
 from spillbox.sandbox.docker_errors import DOCKER_FAILURES, best_effort, docker_errors
-from spillbox.types import RawExec, SessionCall
+from spillbox.types import OutputFile, RawExec, SessionCall
 
 STDERR_CAP_BYTES = 1024 * 1024
 QUERY_ATTEMPTS = 2
 """A query whose engine died under it runs once more, on a fresh engine: it only reads."""
+MAX_OUTPUT_FILES = 32
+"""Files taken from /sandbox/outputs after one call; the rest are removed, and named."""
+MAX_OUTPUT_FILE_BYTES = 32 * 1024 * 1024
+TAKEOUT_SECONDS = 60.0
+"""How long taking the output files may last (at most the folder's cap, read in memory)."""
 SESSION_RESTARTED_NOTE = (
     b"spillbox: the sandbox restarted since this task's last Python session call: this call "
     b"runs in a new, empty session; names defined before are gone\n"
@@ -81,6 +89,8 @@ class _Output:
     since: float
     """When the exec started (epoch seconds): Docker's events are asked from then on."""
     ran_for: float
+    outputs: bool = False
+    """Its runner saw files left in /sandbox/outputs."""
 
 
 class TaskSandbox:
@@ -269,9 +279,13 @@ class TaskSandbox:
             self.forget()
             return outcome
         stderr = output.stderr
+        files: tuple[OutputFile, ...] = ()
+        notes: tuple[str, ...] = ()
         if Outcome.SANDBOX_STOPPED in outcome:
             self.forget()
             stderr += STOPPED_NOTE
+        elif output.outputs:
+            files, notes = self._take_outputs(container)
         return RawExec(
             exit_code=exit_code,
             stdout=output.stdout,
@@ -279,7 +293,46 @@ class TaskSandbox:
             timed_out=Outcome.TIMED_OUT in outcome,
             oom_killed=Outcome.OUT_OF_MEMORY in outcome,
             stdout_truncated=output.stdout_truncated,
+            files=files,
+            file_notes=notes,
         )
+
+    def _take_outputs(self, container: Any) -> tuple[tuple[OutputFile, ...], tuple[str, ...]]:
+        """Take the files a call left in /sandbox/outputs (takeout.py, as the engine uid: no
+        script can stop or steer it), which empties the folder; what was not taken is
+        named in the notes."""
+        command = [
+            *("python3", "-S", TAKEOUT_SCRIPT, "collect"),
+            *(str(MAX_OUTPUT_FILES), str(MAX_OUTPUT_FILE_BYTES)),
+        ]
+        files: list[OutputFile] = []
+        notes: list[str] = []
+        errors = bytearray()
+        frames = Frames()
+        with docker_errors("taking the files a script left in /sandbox/outputs"):
+            stream = ExecStream(
+                self.client.api, container.id, command, ENGINE_USER, stdin=False, home=WORK_MOUNT
+            )
+            try:
+                give_up_at = time.monotonic() + TAKEOUT_SECONDS
+                for kind, data in watched_frames(stream, container, self.client, give_up_at):
+                    if kind != 1:
+                        errors += data[: 4096 - len(errors)]
+                        continue
+                    frames.feed(data)
+                    for tag, body in frames:
+                        if tag == b"F":
+                            name, _, content = body.partition(b"\n")
+                            files.append(OutputFile(name.decode("utf-8"), content))
+                        else:
+                            notes.append(body.decode("utf-8", "replace"))
+            except (GaveUp, SandboxDied, OSError) as e:
+                notes.append(f"the output files could not all be taken: {type(e).__name__}")
+            finally:
+                stream.close()
+        if errors:
+            notes.append(f"taking the output files failed: {_last_line(bytes(errors))}")
+        return tuple(files), tuple(notes)
 
     def _fast(self, container: Any, lang: str, code: str, timeout: float) -> _Output:
         """Run a stateless script in the fork server, through a relay kept open (runner.py),
@@ -320,6 +373,7 @@ class TaskSandbox:
             stderr=stderr.value(),
             since=since,
             ran_for=time.monotonic() - started,
+            outputs=end is not None and bool(end.get("outputs")),
         )
 
     def _runner_for(self, container: Any) -> Runner:
@@ -373,7 +427,7 @@ class TaskSandbox:
             raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             stream.close()
-        text, end_mark, oom_mark = split_marks(stderr.value())
+        text, end_mark, oom_mark, outputs = split_marks(stderr.value())
         return _Output(
             started=True,
             exit_code=self._exit_code(stream.exec_id) if closed is Closed.OUTPUT_ENDED else 0,
@@ -386,6 +440,7 @@ class TaskSandbox:
             stderr=text,
             since=since,
             ran_for=time.monotonic() - started,
+            outputs=outputs,
         )
 
     def _exit_code(self, exec_id: str) -> int:
@@ -454,3 +509,8 @@ class TaskSandbox:
                     engine.close()
                 engine = self._engine = SqlEngine(self.client, container)
         return engine
+
+
+def _last_line(data: bytes) -> str:
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else ""
