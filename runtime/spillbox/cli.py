@@ -329,6 +329,10 @@ def _exec(args: argparse.Namespace) -> int:
                 f"spillbox: the script timed out after {args.timeout:g} s and was killed",
                 file=sys.stderr,
             )
+        for artifact in result.files:
+            print(f"spillbox: stored {artifact.path} ({artifact.bytes} bytes)", file=sys.stderr)
+        for note in result.file_notes:
+            print(f"spillbox: {note}", file=sys.stderr)
     return result.exit_code if 0 <= result.exit_code < 256 else 1
 
 
