@@ -699,7 +699,7 @@ print(json.dumps({"present": [s for s in sockets if os.path.exists(s)],
     assert all(m["Type"] == "bind" for m in mounts)
     assert [m["RW"] for m in mounts if m["Source"] == str(storage.offload)] == [False]
     host = attrs["HostConfig"]
-    assert sorted(host["Tmpfs"]) == ["/sandbox/run", "/sandbox/work", "/tmp"]
+    assert sorted(host["Tmpfs"]) == ["/sandbox/outputs", "/sandbox/run", "/sandbox/work", "/tmp"]
     assert all("size=" in options for options in host["Tmpfs"].values())
     assert not host.get("PortBindings") and not attrs["NetworkSettings"].get("Ports")
     assert host["NetworkMode"] == "none"
