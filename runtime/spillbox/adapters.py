@@ -8,6 +8,13 @@ same shape, gated as one aggregate (parallel calls of one step count together):
     user_message = gate_anthropic(task, user_message, assistant["content"])
     request["tools"] = add_tools(request.get("tools", []), toolset, "anthropic")
 
+A tool's images (ToolOutput.images: what a script left in /sandbox/outputs) go after its
+text, in the shape each API takes:
+
+    block["content"] = tool_content(admitted.text, output.images, "anthropic")
+    item["output"] = tool_content(admitted.text, output.images, "responses")
+    messages.append(chat_images_message([(call_id, output.images)]))   # after the step's tools
+
 compact_history moves older tool results out of a long conversation into the task's
 sandbox and leaves notices in their place; read_artifact opens them again.
 """
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from spillbox.notice import parse_notice
 from spillbox.tokens import count_within
@@ -25,6 +32,7 @@ from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
+    from spillbox.types import Image
 
 DEFAULT_TOOL_NAME = "tool"
 
@@ -124,6 +132,53 @@ def gate_anthropic(
     ]
     _gate_slots(task, slots, names)
     return out_message if isinstance(message, Mapping) else blocks
+
+
+# A tool's images, after its text
+
+
+def tool_content(
+    text: str, images: Sequence[Image], fmt: Literal["responses", "anthropic"]
+) -> str | list[dict[str, Any]]:
+    """A tool result's content with its images: the text alone where there are none, else
+    the text, then the images, as a function_call_output's output (Responses) or a
+    tool_result's content (Anthropic) holds them. (A Chat Completions tool message holds
+    text only: its images go in chat_images_message.)"""
+    if not images:
+        return text
+    first = {"type": "input_text" if fmt == "responses" else "text", "text": text}
+    return [first, *(image_part(image.data_url(), fmt) for image in images)]
+
+
+def chat_images_message(step: Sequence[tuple[str, Sequence[Image]]]) -> dict[str, Any] | None:
+    """The user message that shows one step's images in Chat Completions, to go right after
+    the step's tool messages (which hold text only): for each image, a text part naming the
+    call and the artifact's path, then the image. None when the step has no image.
+    step: (call id, its images) for each call."""
+    parts: list[dict[str, Any]] = []
+    for call_id, images in step:
+        for image in images:
+            parts.append({"type": "text", "text": image_caption(call_id, image.path)})
+            parts.append(image_part(image.data_url(), "openai"))
+    return {"role": "user", "content": parts} if parts else None
+
+
+def image_caption(call_id: str, path: str) -> str:
+    """What a Chat Completions user message says before an image a tool call returned."""
+    return f"Image returned by tool call {call_id}: {path}"
+
+
+def image_part(url: str, fmt: Format) -> dict[str, Any]:
+    """An image in a provider's content shape, from its URL (a data URL for spillbox's)."""
+    if fmt == "openai":
+        return {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}
+    if fmt == "responses":
+        return {"type": "input_image", "image_url": url, "detail": "auto"}
+    header, comma, data = url.partition(",")
+    if url.startswith("data:") and header.endswith(";base64") and comma:
+        mime = header.removeprefix("data:").removesuffix(";base64")
+        return {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
 
 
 _TEXT_PARTS = ("text", "input_text", "output_text")

@@ -545,13 +545,15 @@ def _content(
     provider: str,
     text_parts: tuple[str, ...],
     media_parts: tuple[str, ...],
+    key: str = "content",
 ) -> int:
-    """Tokens of a message's content: a string, or a list of text and media parts."""
+    """Tokens of a message's content (or a tool output, under key): a string, or a list of
+    text and media parts."""
     if isinstance(content, str):
         return budget._text(content)
     tokens = 0
-    for j, raw in enumerate(_list(content, f"{path}['content']", "content parts")):
-        part = _mapping(raw, f"{path}['content'][{j}]")
+    for j, raw in enumerate(_list(content, f"{path}[{key!r}]", "content parts")):
+        part = _mapping(raw, f"{path}[{key!r}][{j}]")
         kind = part.get("type")
         if kind in text_parts:
             tokens += budget._text(str(part.get("text", part.get("refusal", ""))))
@@ -559,7 +561,7 @@ def _content(
             tokens += IMAGE_TOKENS
         else:
             raise ShapeError(
-                f"{path}['content'][{j}]['type']: {kind!r} is not a {provider} content part "
+                f"{path}[{key!r}][{j}]['type']: {kind!r} is not a {provider} content part "
                 f"({', '.join(text_parts + media_parts)})"
             )
     return tokens
@@ -607,7 +609,13 @@ def _responses_item(budget: Budget, item: Mapping[str, Any], path: str) -> tuple
         )
         return ("system" if role in ("system", "developer") else "history"), tokens
     if kind == "function_call_output":
-        return "tool_results", MESSAGE_OVERHEAD_TOKENS + budget._object(item.get("output", ""))
+        output = item.get("output", "")
+        if isinstance(output, list):  # text and images: each image counts IMAGE_TOKENS
+            tokens = _content(
+                budget, output, path, "responses", _RESPONSES_TEXT, _RESPONSES_MEDIA, "output"
+            )
+            return "tool_results", MESSAGE_OVERHEAD_TOKENS + tokens
+        return "tool_results", MESSAGE_OVERHEAD_TOKENS + budget._object(output)
     if kind == "function_call":
         name, arguments = str(item.get("name", "")), item.get("arguments") or ""
         return "history", MESSAGE_OVERHEAD_TOKENS + budget._text(name) + budget._object(arguments)

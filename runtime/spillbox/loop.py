@@ -7,7 +7,10 @@ The history is kept in the Chat Completions shape; each model class converts it 
 provider's wire format (OpenAIChatModel, OpenAIResponsesModel and AnthropicModel through
 the official SDKs, the extras spillbox[openai] and spillbox[anthropic]). Every step's tool
 results (the user's and spillbox's) pass the gate together, so parallel calls count as one
-aggregate. With a budget, the history is checked before every model call:
+aggregate. A tool's images (a script's charts) stay in its tool message, as Chat
+Completions image parts after the text, each with its artifact's path (IMAGE_PATH); each
+model sends them in its provider's shape (to_chat_completions, to_responses,
+to_anthropic). With a budget, the history is checked before every model call:
 
     result = run(task, model, prompt, budget=Budget(window=32_000), compactor=Fallback(task))
 """
@@ -22,21 +25,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spillbox.budget import PROVIDER_CONTENT, Budget, BudgetReport, Compactor
+from spillbox.adapters import image_caption, image_part
+from spillbox.budget import IMAGE_TOKENS, PROVIDER_CONTENT, Budget, BudgetReport, Compactor
 from spillbox.errors import ConfigError, SpillboxError
-from spillbox.tools import Toolset, ToolSpec
+from spillbox.tools import Format, Toolset, ToolSpec
 from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.config import ModelEndpoint
     from spillbox.native import NativePlan
     from spillbox.protocols import TaskHandle
-    from spillbox.types import Admitted
+    from spillbox.tokens import TokenCounter
+    from spillbox.types import Admitted, Image
 
 DEFAULT_MAX_STEPS = 12
 HTTP_TIMEOUT_SECONDS = 120.0
 DEFAULT_MAX_RETRIES = 2
 """How often the SDK retries a request that failed in a way worth retrying (its default)."""
+IMAGE_PATH = "path"
+"""The key of a history tool message's image part that names the artifact the image is
+(sent to no provider: Chat Completions gets it as a caption)."""
 
 
 @dataclass(frozen=True)
@@ -156,14 +164,14 @@ def run(
         if not turn.tool_calls:
             result.answer = turn.text
             break
-        results = [_call(call, user_tools, toolset) for call in turn.tool_calls]
-        admitted = task.admit(results, remaining)
-        for call, item in zip(turn.tool_calls, admitted, strict=True):
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": item.text})
+        calls = [_call(call, user_tools, toolset) for call in turn.tool_calls]
+        admitted = task.admit([tool_result for tool_result, _ in calls], remaining)
+        for (tool_result, images), item in zip(calls, admitted, strict=True):
+            messages.append(_tool_message(tool_result.call_id, item.text, images))
         result.steps.append(Step(list(turn.tool_calls), admitted))
     else:
         result.answer = ""
-    shown = sum(counter.count(_content_text(m)) for m in messages)
+    shown = sum(_message_tokens(counter, m) for m in messages)
     extra = sum(
         (item.tokens or 0) - item.inline_tokens
         for step in result.steps
@@ -175,21 +183,36 @@ def run(
     return result
 
 
-def _call(call: ToolCall, user_tools: Mapping[str, UserTool], toolset: Toolset) -> ToolResult:
+def _call(
+    call: ToolCall, user_tools: Mapping[str, UserTool], toolset: Toolset
+) -> tuple[ToolResult, tuple[Image, ...]]:
+    """A call's result for the gate, and the images to show after it (spillbox's tools')."""
     if call.error is not None:
-        return ToolResult(call.id, call.name, json.dumps({"error": call.error}), is_error=True)
+        error = json.dumps({"error": call.error})
+        return ToolResult(call.id, call.name, error, is_error=True), ()
     if call.name in toolset.names:
         output = toolset.call(call.name, call.arguments)
-        return ToolResult(call.id, call.name, output.text, output.is_error, output.offloadable)
+        result = ToolResult(call.id, call.name, output.text, output.is_error, output.offloadable)
+        return result, output.images
     tool = user_tools.get(call.name)
     if tool is None:
         message = json.dumps({"error": f"unknown tool {call.name!r}"})
-        return ToolResult(call.id, call.name, message, is_error=True)
+        return ToolResult(call.id, call.name, message, is_error=True), ()
     try:
-        return ToolResult(call.id, call.name, tool.run(call.arguments))
+        return ToolResult(call.id, call.name, tool.run(call.arguments)), ()
     except Exception as e:  # noqa: BLE001 - a failing tool is the model's to see, not a crash
         message = json.dumps({"error": f"{type(e).__name__}: {e}"})
-        return ToolResult(call.id, call.name, message, is_error=True)
+        return ToolResult(call.id, call.name, message, is_error=True), ()
+
+
+def _tool_message(call_id: str, text: str, images: Sequence[Image]) -> dict[str, Any]:
+    """A tool message of the history: the gated text, then the images as Chat Completions
+    image parts, each naming its artifact (IMAGE_PATH)."""
+    if not images:
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+    parts = [{"type": "text", "text": text}]
+    parts += [{**image_part(i.data_url(), "openai"), IMAGE_PATH: i.path} for i in images]
+    return {"role": "tool", "tool_call_id": call_id, "content": parts}
 
 
 def _assistant_message(turn: Turn) -> dict[str, Any]:
@@ -208,11 +231,16 @@ def _assistant_message(turn: Turn) -> dict[str, Any]:
     return message
 
 
-def _content_text(message: Mapping[str, Any]) -> str:
-    text = str(message.get("content") or "")
+def _message_tokens(counter: TokenCounter, message: Mapping[str, Any]) -> int:
+    """Tokens of a history message as the model sees it: its text, its tool calls, and
+    IMAGE_TOKENS for each image."""
+    content = message.get("content") or ""
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    text = "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
     for call in message.get("tool_calls") or ():
         text += call["function"]["name"] + call["function"]["arguments"]
-    return text
+    images = sum(1 for p in parts if p.get("type") == "image_url")
+    return counter.count(text) + images * IMAGE_TOKENS
 
 
 # Real endpoints, through the official SDKs (the extras spillbox[openai] and
@@ -233,7 +261,7 @@ class OpenAIChatModel:
         with _endpoint_errors(self.endpoint):
             reply = self._client.chat.completions.create(
                 model=self.endpoint.model,
-                messages=[_without_provider_content(m) for m in messages],
+                messages=to_chat_completions(messages),
                 tools=[spec.definition("openai") for spec in tools],
             )
             message = reply.choices[0].message
@@ -358,6 +386,51 @@ def _without_provider_content(message: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k != PROVIDER_CONTENT}
 
 
+def to_chat_completions(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The history as Chat Completions takes it: a provider's kept blocks left out, and a
+    tool message's images (a tool message holds text only) moved into one user message
+    right after the step's tool messages, each image after a text part naming its call and
+    path."""
+    out: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] != "tool" and shown:
+            out.append({"role": "user", "content": shown})
+            shown = []
+        content = m.get("content")
+        if m["role"] != "tool" or not isinstance(content, list) or not _has_images(content):
+            out.append(_without_provider_content(m))
+            continue
+        text = "".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+        out.append({**m, "content": text})
+        for part in content:
+            if part.get("type") == "image_url":
+                caption = image_caption(str(m["tool_call_id"]), str(part.get(IMAGE_PATH, "")))
+                shown.append({"type": "text", "text": caption})
+                shown.append(image_part(part["image_url"]["url"], "openai"))
+    if shown:
+        out.append({"role": "user", "content": shown})
+    return out
+
+
+def _has_images(parts: Sequence[Mapping[str, Any]]) -> bool:
+    return any(p.get("type") == "image_url" for p in parts)
+
+
+def _tool_content(content: Any, fmt: Format) -> Any:
+    """A history tool message's content in fmt's shape: a string as it is; parts as fmt's
+    text parts and images (the history keeps Chat Completions image parts)."""
+    if isinstance(content, str):
+        return content
+    text = "input_text" if fmt == "responses" else "text"
+    return [
+        image_part(p["image_url"]["url"], fmt)
+        if p.get("type") == "image_url"
+        else {"type": text, "text": str(p.get("text", ""))}
+        for p in content
+    ]
+
+
 def _client(sdk: str, endpoint: ModelEndpoint, max_retries: int) -> Any:
     """The SDK's client for endpoint, with spillbox's timeout and the retries asked for."""
     module = _import(sdk)
@@ -415,7 +488,8 @@ def _openai_call(call_id: str, name: str, arguments: str | None) -> ToolCall:
 
 def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """Chat Completions history as (system, Anthropic messages): tool calls become
-    tool_use blocks, tool messages tool_result blocks in one user message per step."""
+    tool_use blocks, tool messages tool_result blocks in one user message per step (a
+    tool's images as image blocks in its tool_result, after the text)."""
     system = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -425,7 +499,7 @@ def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
             block = {
                 "type": "tool_result",
                 "tool_use_id": m["tool_call_id"],
-                "content": m["content"],
+                "content": _tool_content(m["content"], "anthropic"),
             }
             if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
                 out[-1]["content"].append(block)
@@ -452,7 +526,8 @@ def to_anthropic(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
 
 def to_responses(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """Chat Completions history as (instructions, Responses input items): tool calls become
-    function_call items, tool messages function_call_output items, and a provider's kept
+    function_call items, tool messages function_call_output items (a tool's images make
+    the output a list: input_text, then input_image items), and a provider's kept
     items (compaction) go back where they came, the latest one first: what came before it
     is not sent."""
     instructions = "\n".join(str(m["content"]) for m in messages if m["role"] == "system")
@@ -462,7 +537,7 @@ def to_responses(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
             continue
         if m["role"] == "tool":
             output = {"type": "function_call_output", "call_id": m["tool_call_id"]}
-            items.append({**output, "output": m["content"]})
+            items.append({**output, "output": _tool_content(m["content"], "responses")})
             continue
         items.extend(dict(item) for item in m.get(PROVIDER_CONTENT) or ())
         if m.get("content"):

@@ -2,7 +2,9 @@
 
     local = LocalTools(task, taken={"read_artifact"})   # names another tool already has
     local.names                  # ('sandbox_exec', 'spillbox_read_artifact', 'list_artifacts')
-    await local.call(call_id, name, arguments)          # a ToolResult, for the gate
+    output = await local.call(name, arguments)          # a ToolOutput
+    gate_view(call_id, name, output)                    # a ToolResult, for the gate
+    as_call_result(output)                              # what the client gets: text, images
 
 Building a LocalTools registers its names with the task, so notices' hints name the tools
 as the client sees them.
@@ -42,12 +44,9 @@ class LocalTools:
             for spec in self.toolset.specs()
         ]
 
-    async def call(
-        self, call_id: str, name: str, arguments: Mapping[str, Any] | None
-    ) -> ToolResult:
-        """Run one of the tools (in a worker thread: code mode blocks) for the gate."""
-        output = await anyio.to_thread.run_sync(self.toolset.call, name, dict(arguments or {}))
-        return ToolResult(call_id, name, output.text, output.is_error, output.offloadable)
+    async def call(self, name: str, arguments: Mapping[str, Any] | None) -> ToolOutput:
+        """Run one of the tools (in a worker thread: code mode blocks)."""
+        return await anyio.to_thread.run_sync(self.toolset.call, name, dict(arguments or {}))
 
     def read_page(self, artifact_id: str, cursor: str | None) -> ToolOutput:
         """One page of an artifact, as read_artifact returns it (blocks: run it in a thread)."""
@@ -56,7 +55,15 @@ class LocalTools:
         return self.toolset.call(name, arguments)
 
 
-def as_call_result(result: ToolResult) -> types.CallToolResult:
-    """A local tool's output as the CallToolResult the gate's decision is applied to."""
-    text = result.content if isinstance(result.content, str) else result.content.decode()
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=result.is_error)
+def gate_view(call_id: str, name: str, output: ToolOutput) -> ToolResult:
+    """What the gate counts of a local tool's output: its text (images pass untouched, as
+    an upstream's do)."""
+    return ToolResult(call_id, name, output.text, output.is_error, output.offloadable)
+
+
+def as_call_result(output: ToolOutput) -> types.CallToolResult:
+    """A local tool's output as the CallToolResult the gate's decision is applied to: its
+    text, then its images (a script's charts) as image content."""
+    images = [types.ImageContent(data=i.base64(), mime_type=i.mime) for i in output.images]
+    content: list[types.ContentBlock] = [types.TextContent(text=output.text), *images]
+    return types.CallToolResult(content=content, is_error=output.is_error)

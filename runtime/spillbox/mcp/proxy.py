@@ -35,7 +35,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from pydantic import BaseModel, ValidationError
 
 from spillbox.mcp.links import artifact_uri, parse_uri, resource, resource_link
-from spillbox.mcp.local import LocalTools, as_call_result
+from spillbox.mcp.local import LocalTools, as_call_result, gate_view
 from spillbox.mcp.results import gated, tool_result
 from spillbox.mcp.step import STEP_BOUND_SECONDS, Steps
 from spillbox.mcp.transport import stdio
@@ -226,9 +226,9 @@ class Proxy:
         async def run() -> ToolResult:
             nonlocal original
             if name in self.local.names:
-                result = await self.local.call(call_id, name, params.arguments)
-                original = as_call_result(result)
-                return result
+                output = await self.local.call(name, params.arguments)
+                original = as_call_result(output)
+                return gate_view(call_id, name, output)
             original = await self._upstream_call(ctx, params)
             return tool_result(call_id, name, original)
 
