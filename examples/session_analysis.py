@@ -1,18 +1,19 @@
 """A multi-step analysis in the task's persistent Python session: a sales API returns 5,000
 orders (offloaded); the model loads them into a pyarrow table once, then, call after call,
-reuses that table (and a helper it defined) without loading it again.
+reuses that table (and a helper it defined) without loading it again, and last draws a
+chart of it with matplotlib, which comes back to the model as an image.
 
 Run with `python examples/session_analysis.py [--home DIR]` (needs Docker; builds the sandbox
 image if it is missing). It prints the conversation as the model saw it: the notice, each
-sandbox_exec call with session true, and what came back. The model is scripted (no key).
-
-Charts coming back as images (issue 13, item 3) are not built yet: this example prints its
-figures as text.
+sandbox_exec call with session true, and what came back; the chart as a line naming it (its
+artifact's path, type and size), where the model got the image itself. The model is
+scripted (no key).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import random
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from spillbox import Harness
-from spillbox.loop import ScriptedModel, ToolCall, Turn, UserTool, run
+from spillbox.loop import IMAGE_PATH, ScriptedModel, ToolCall, Turn, UserTool, run
 from spillbox.tools import ToolSpec
 
 REGIONS = ("north", "south", "east", "west")
@@ -54,6 +55,13 @@ CELLS = [
     "by('region')",
     # Step 3: and again, a different cut of the same table.
     "best = by('month')[0]\nbest",
+    # Step 4: a chart of the same table; a figure left open comes back as an image.
+    "import matplotlib.pyplot as plt\n"
+    "months = sorted(by('month'))\n"
+    "plt.bar([m[5:] for m, _ in months], [total for _, total in months])\n"
+    "plt.title('Revenue by month, 2026')\n"
+    "plt.xlabel('month')\n"
+    "plt.tight_layout()",
 ]
 
 
@@ -66,8 +74,29 @@ def script(messages: Sequence[Mapping[str, Any]]) -> Turn:
         code = CELLS[calls - 1]
         arguments = {"lang": "python", "code": code, "session": True}
         return Turn(tool_calls=(ToolCall(f"cell_{calls}", "sandbox_exec", arguments),))
-    last = json.loads(str(messages[-1]["content"]))
-    return Turn(text=f"The best month by revenue, and its total: {last['output'].strip()}")
+    best = next(m for m in messages if m.get("tool_call_id") == f"cell_{len(CELLS) - 1}")
+    answer = json.loads(text_of(best))["output"].strip()
+    return Turn(text=f"The best month by revenue, and its total: {answer} (chart above)")
+
+
+def text_of(message: Mapping[str, Any]) -> str:
+    """A tool message's text: its content, or the text part before its images."""
+    content = message["content"]
+    return content if isinstance(content, str) else str(content[0]["text"])
+
+
+def image_lines(message: Mapping[str, Any]) -> list[str]:
+    """One line for each image a tool message carries (the model gets the image itself)."""
+    content = message["content"]
+    parts = [] if isinstance(content, str) else content
+    lines = []
+    for part in parts:
+        if part.get("type") == "image_url":
+            header, _, data = part["image_url"]["url"].partition(",")
+            mime = header.removeprefix("data:").removesuffix(";base64")
+            size = len(base64.b64decode(data))
+            lines.append(f"[image: {part[IMAGE_PATH]}, {mime}, {size:,} bytes]")
+    return lines
 
 
 def main() -> int:
@@ -95,7 +124,7 @@ def main() -> int:
                     if "code" in arguments:
                         print(arguments["code"])
             elif role == "tool":
-                print(f"[tool result]\n{message['content']}")
+                print("\n".join([f"[tool result]\n{text_of(message)}", *image_lines(message)]))
             else:
                 print(f"[{role}]\n{message.get('content')}")
             print()
