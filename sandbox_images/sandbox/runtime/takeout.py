@@ -12,7 +12,9 @@ afterwards, taken or not, so the next call starts with an empty folder.
 Only regular files directly in the folder are taken, each read through its own descriptor
 (no symbolic link followed, a FIFO never waited on, a device never opened), with one link
 (a hard link would be the same bytes twice), a printable UTF-8 name, at most MAX_FILE_BYTES
-(a file that grows past that while read is not taken), and at most MAX_FILES per call.
+(a file that grows past that while read is not taken), and at most MAX_FILES per call. The
+files of one call hold at most the folder's own size together: a sparse file takes no room
+in the folder, yet reads (and would be stored) whole.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ def waiting() -> bool:
     try:
         with os.scandir(OUTPUTS) as entries:
             return next(entries, None) is not None
-    except OSError:
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True  # a script made it unreadable: collect says so, call after call
 
 
 def save_figures() -> None:
@@ -73,17 +77,22 @@ def collect(max_files: int, max_file_bytes: int) -> int:
         return 1
     notes: list[str] = []
     taken = 0
+    room = _folder_bytes(folder)
     for name in names:
         path = os.path.join(folder, name)
         if taken >= max_files:
             notes.append(f"{_shown(name)}: not taken, over {max_files} files in one call")
         else:
-            data, why = _take(path, name, max_file_bytes)
+            limit, over = max_file_bytes, f"over the {max_file_bytes}-byte cap per file"
+            if room < max_file_bytes:
+                limit, over = room, f"over the {room} bytes left of the folder's size this call"
+            data, why = _take(path, name, limit, over)
             if data is None:
                 notes.append(f"{_shown(name)}: not taken, {why}")
             else:
                 _frame(out, b"F", name + b"\n" + data)
                 taken += 1
+                room -= len(data)
         failed = _remove(path)
         if failed:
             notes.append(f"{_shown(name)}: could not be removed ({failed})")
@@ -94,8 +103,17 @@ def collect(max_files: int, max_file_bytes: int) -> int:
     return 0
 
 
-def _take(path: bytes, name: bytes, max_file_bytes: int) -> tuple[bytes | None, str]:
-    """The file's bytes, or None and why it is not taken."""
+def _folder_bytes(folder: bytes) -> int:
+    """The folder's size cap (its tmpfs's size): what the files of one call may hold."""
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return 0
+    return found.f_blocks * found.f_frsize
+
+
+def _take(path: bytes, name: bytes, limit: int, over: str) -> tuple[bytes | None, str]:
+    """The file's bytes, or None and why it is not taken (over: why a size past limit is)."""
     try:
         text = name.decode("utf-8")
     except UnicodeDecodeError:
@@ -106,7 +124,7 @@ def _take(path: bytes, name: bytes, max_file_bytes: int) -> tuple[bytes | None, 
         seen = os.lstat(path)
     except OSError as e:
         return None, f"it could not be read ({e.strerror})"
-    why = _refused(seen, max_file_bytes)
+    why = _refused(seen, limit, over)
     if why:
         return None, why
     try:
@@ -116,21 +134,21 @@ def _take(path: bytes, name: bytes, max_file_bytes: int) -> tuple[bytes | None, 
         return None, f"it could not be opened ({e.strerror})"
     try:
         opened = os.fstat(fd)
-        why = _refused(opened, max_file_bytes)
+        why = _refused(opened, limit, over)
         if why or (opened.st_dev, opened.st_ino) != (seen.st_dev, seen.st_ino):
             return None, why or "it was replaced while it was read"
         data = bytearray()
-        while len(data) <= max_file_bytes:
+        while len(data) <= limit:
             chunk = os.read(fd, READ_CHUNK)
             if not chunk:
                 return bytes(data), ""
             data += chunk
-        return None, f"it grew past {max_file_bytes} bytes while it was read"
+        return None, f"it grew while it was read, {over}"
     finally:
         os.close(fd)
 
 
-def _refused(seen: os.stat_result, max_file_bytes: int) -> str:
+def _refused(seen: os.stat_result, limit: int, over: str) -> str:
     mode = seen.st_mode
     if stat.S_ISLNK(mode):
         return "a symbolic link (links are not followed)"
@@ -140,8 +158,8 @@ def _refused(seen: os.stat_result, max_file_bytes: int) -> str:
         return "not a regular file (a FIFO, socket or device is never read)"
     if seen.st_nlink != 1:
         return "a hard link (a file with another name is not taken)"
-    if seen.st_size > max_file_bytes:
-        return f"{seen.st_size} bytes, over the {max_file_bytes}-byte cap per file"
+    if seen.st_size > limit:
+        return f"{seen.st_size} bytes, {over}"
     return ""
 
 
