@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import shutil
 import socket
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ import docker
 import pytest
 from docker.models.containers import Container
 
-from spillbox.errors import ConfigError
+from spillbox.errors import ConfigError, SandboxError
 from spillbox.sandbox import image
 
 RUN_LABEL = "spillbox.test.run"
@@ -59,6 +61,44 @@ def test_missing_images_dir_is_a_config_error(
     monkeypatch.setenv("SPILLBOX_IMAGES_DIR", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="SPILLBOX_IMAGES_DIR"):
         image.image_tag()
+
+
+def _sdist(member: str, data: bytes) -> bytes:
+    """A tar.gz holding one file, as the jq sdist holds jq's release tarball."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        info = tarfile.TarInfo(member)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_jq_source_is_taken_from_the_checked_sdist_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sdist = _sdist(image.JQ_SOURCE_MEMBER, b"jq source")
+    downloads: list[str] = []
+
+    def urlopen(url: str, timeout: float) -> io.BytesIO:
+        downloads.append(url)
+        return io.BytesIO(sdist)
+
+    monkeypatch.setattr(image.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(image, "JQ_SDIST_SHA256", hashlib.sha256(sdist).hexdigest())
+    first = image._fetch_jq_source(tmp_path, print)
+    assert first.read_bytes() == b"jq source"
+    assert image._fetch_jq_source(tmp_path, print) == first
+    assert downloads == [image.JQ_SDIST_URL]  # the second came from the cache
+
+
+def test_a_jq_sdist_with_another_sha256_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tampered = _sdist(image.JQ_SOURCE_MEMBER, b"something else")
+    monkeypatch.setattr(image.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(tampered))
+    with pytest.raises(SandboxError, match="not the pinned"):
+        image._fetch_jq_source(tmp_path, print)
+    assert not any((tmp_path / "sources").iterdir())  # nothing kept
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +146,15 @@ def test_python_imports_duckdb_pyarrow_and_jq(container: Container) -> None:
 
 @pytest.mark.docker
 def test_jq_cli_and_process_tools_exist(container: Container) -> None:
-    assert run(container, "jq", "--version").startswith("jq-")
+    assert run(container, "jq", "--version") == "jq-1.8.2"  # built in the image: a fast start
     assert run(container, "pkill", "--version").startswith("pkill")
+
+
+@pytest.mark.docker
+def test_the_image_carries_no_compiler(container: Container) -> None:
+    """jq is compiled in a build stage of its own; the image takes only its binary."""
+    found = run(container, "sh", "-c", "command -v gcc cc make ld as || true")
+    assert found == ""
 
 
 @pytest.mark.docker

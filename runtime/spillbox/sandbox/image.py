@@ -3,7 +3,9 @@
 Users with a container registry get the ordinary ``FROM python:3.11-slim`` build. Machines with
 no registry get a Debian base made with debootstrap and imported into Docker, and the image is
 then built with no network. Either way duckdb, pyarrow and jq come from wheels fetched on the host
-with pip, so nothing inside the build talks to a package index.
+with pip, so nothing inside the build talks to a package index; and the jq CLI is built in a
+stage of its own from jq's release source, fetched on the host and checked against its pinned
+sha256, so the final image carries no compiler.
 
 >>> import docker
 >>> from spillbox.sandbox.image import ensure_image
@@ -13,6 +15,7 @@ with pip, so nothing inside the build talks to a package index.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import platform
@@ -20,8 +23,10 @@ import queue
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
@@ -39,7 +44,21 @@ IMAGE_LABEL = "spillbox.image"
 REGISTRY_BASE = "python:3.11-slim"
 DEBIAN_SUITE = "bookworm"
 """Its python3 is 3.11, which the cp311 wheels need."""
-DEBOOTSTRAP_PACKAGES = ("python3", "python3-venv", "jq", "tini", "procps")
+DEBOOTSTRAP_PACKAGES = ("python3", "python3-venv", "tini", "procps")
+BUILD_PACKAGES = ("gcc", "make", "libc6-dev")
+"""The jq build stage's compiler (offline: a debootstrap base of its own), never in the image."""
+JQ_SDIST_URL = (
+    "https://files.pythonhosted.org/packages/67/67/"
+    "bd53dc762c2e7728b7b32bdbe59ecb74ae6bc6b7609e5063e6e44553b44f/jq-1.13.0.tar.gz"
+)
+JQ_SDIST_SHA256 = "e62bdddeab3b8a0a404581a7bb6f1e8c4cc6082280870031f746074f4cac52c0"
+JQ_SOURCE_MEMBER = "jq-1.13.0/deps/jq-1.8.2.tar.gz"
+"""jq 1.8.2's official release tarball, as the sdist of the jq Python package (the version
+requirements.txt pins) carries it: PyPI answers where GitHub, jq's own home, may not. Debian
+bookworm's jq 1.6 takes 20-40 ms to start (it compiles its builtins each time); 1.8.2 about 2
+ms. The Dockerfile checks the tarball's own sha256 again, so a new jq is a new image tag."""
+JQ_SOURCE_NAME = "jq-src.tar.gz"
+"""Its name in the build context."""
 PULL_STALL_SECONDS = 15.0
 """In "auto", a pull that reports nothing for this long counts as no registry (a blackholed
 registry otherwise holds the pull for 25 s or more before the engine gives up)."""
@@ -123,25 +142,30 @@ def build_image(
     cache = cache_dir or Path.home() / ".cache" / "spillbox"
     cache.mkdir(parents=True, exist_ok=True)
     wheels = _fetch_wheels(root / "sandbox" / "requirements.txt", cache, report)
+    jq_source = _fetch_jq_source(cache, report)
 
     if base == "auto":
         base = "registry" if _registry_base_usable(client, REGISTRY_BASE, report) else "debootstrap"
     if base == "registry":
-        base_image, network_mode = REGISTRY_BASE, None
+        # Its build stage installs BUILD_PACKAGES with apt-get: the build has the network.
+        base_image, builder_image, network_mode = REGISTRY_BASE, REGISTRY_BASE, None
     else:
-        base_image, network_mode = _debootstrap_base(client, cache, report), "none"
+        base_image = _debootstrap_base(client, cache, report, DEBOOTSTRAP_PACKAGES)
+        builder_image = _debootstrap_base(client, cache, report, BUILD_PACKAGES)
+        network_mode = "none"
 
     with tempfile.TemporaryDirectory(prefix="build-", dir=cache) as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(root / "sandbox", context, ignore=shutil.ignore_patterns(*_IGNORED_NAMES))
         # Hard links: the wheels are tens of MB and the context lives on the same filesystem.
         shutil.copytree(wheels, context / "wheels", copy_function=os.link)
+        os.link(jq_source, context / JQ_SOURCE_NAME)
         report(f"building {tag} from {base_image}")
         with _docker_errors("building the sandbox image", "check that Docker has disk space"):
             stream = client.api.build(
                 path=str(context),
                 tag=tag,
-                buildargs={"BASE": base_image},
+                buildargs={"BASE": base_image, "BUILDER": builder_image},
                 labels={IMAGE_LABEL: "1", "spillbox.content-hash": content_hash},
                 network_mode=network_mode,
                 rm=True,
@@ -249,6 +273,42 @@ def _fetch_wheels(requirements: Path, cache: Path, report: Progress) -> Path:
     return wheels
 
 
+def _fetch_jq_source(cache: Path, report: Progress) -> Path:
+    """jq's release tarball (JQ_SOURCE_MEMBER), taken once from the pinned sdist after
+    checking the sdist's sha256, and kept in the cache."""
+    target = cache / "sources" / f"{JQ_SDIST_SHA256[:_HASH_CHARS]}-{Path(JQ_SOURCE_MEMBER).name}"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    report(f"downloading jq's source ({JQ_SDIST_URL.rsplit('/', 1)[-1]})")
+    hint = "check access to files.pythonhosted.org, then retry"
+    try:
+        with urllib.request.urlopen(JQ_SDIST_URL, timeout=60) as response:
+            sdist = response.read()
+    except OSError as exc:  # urllib's URLError and HTTPError are OSErrors
+        raise SandboxError(f"downloading jq's source failed ({exc}); {hint}") from exc
+    digest = hashlib.sha256(sdist).hexdigest()
+    if digest != JQ_SDIST_SHA256:
+        raise SandboxError(
+            f"jq's source from {JQ_SDIST_URL} has sha256 {digest}, not the pinned "
+            f"{JQ_SDIST_SHA256}: it was not used; {hint}"
+        )
+    with tarfile.open(fileobj=io.BytesIO(sdist)) as archive:
+        member = archive.extractfile(JQ_SOURCE_MEMBER)
+        if member is None:
+            raise SandboxError(f"the jq sdist holds no file {JQ_SOURCE_MEMBER}")
+        data = member.read()
+    # Complete at once under its name, so an interrupted write is never reused.
+    fd, name = tempfile.mkstemp(prefix="download-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as written:
+            written.write(data)
+        os.rename(name, target)
+    finally:
+        Path(name).unlink(missing_ok=True)
+    return target
+
+
 def _registry_base_usable(
     client: docker.DockerClient,
     image: str,
@@ -291,10 +351,13 @@ def _registry_base_usable(
             report(line)
 
 
-def _debootstrap_base(client: docker.DockerClient, cache: Path, report: Progress) -> str:
-    """A local Debian base image made with debootstrap, reused while its inputs are unchanged."""
+def _debootstrap_base(
+    client: docker.DockerClient, cache: Path, report: Progress, packages: Sequence[str]
+) -> str:
+    """A local Debian base image with packages, made with debootstrap, reused while its
+    inputs are unchanged."""
     inputs = json.dumps(
-        [DEBIAN_SUITE, "minbase", DEBOOTSTRAP_PACKAGES, _arch(), _ROOTFS_EXCLUDES, _IMPORT_CHANGES]
+        [DEBIAN_SUITE, "minbase", list(packages), _arch(), _ROOTFS_EXCLUDES, _IMPORT_CHANGES]
     ).encode()
     tag_name = hashlib.sha256(inputs).hexdigest()[:_HASH_CHARS]
     base = f"{BASE_REPOSITORY}:{tag_name}"
@@ -309,7 +372,7 @@ def _debootstrap_base(client: docker.DockerClient, cache: Path, report: Progress
         report(f"debootstrap {DEBIAN_SUITE} from {mirror or 'the default Debian mirror'}")
         _run(
             [
-                *(debootstrap, "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_PACKAGES)}"),
+                *(debootstrap, "--variant=minbase", f"--include={','.join(packages)}"),
                 *(DEBIAN_SUITE, str(rootfs), *([mirror] if mirror else [])),
             ],
             what="debootstrap of the sandbox base",
