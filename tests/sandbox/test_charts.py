@@ -126,3 +126,15 @@ def test_the_cli_names_what_it_stored(docker_home: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ok\n"
     assert "spillbox: stored /sandbox/offload/figure-1.png (" in done.stderr
+
+
+def test_the_session_example_returns_its_chart(docker_home: Path) -> None:
+    """examples/session_analysis.py as a user runs it: the table kept across session calls,
+    and the chart drawn from it back as an image, named in the transcript."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "session_analysis.py"
+    command = [sys.executable, str(example), "--home", str(docker_home / "example")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert '"output": "5000\\n"' in done.stdout  # the first cell loaded the table once
+    assert "[image: /sandbox/offload/figure-1.png, image/png, " in done.stdout
+    assert "The best month by revenue, and its total: ('2026-" in done.stdout
