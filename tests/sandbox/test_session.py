@@ -1,12 +1,13 @@
 """The persistent Python session against a real engine, under runc and gVisor: state across
 calls, reset, timeouts, crashes, OOM, concurrent calls, isolation; and the sandbox's attack
-tests run again with their Python as session cells."""
+tests run again with their Python as session cells (and their sh, run from a cell)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -276,20 +277,47 @@ def test_sandbox_exec_takes_session_per_call_and_per_task(task: Task) -> None:
     assert refused.is_error and "session" in refused.text
 
 
-class SessionTask:
-    """A task whose python runs as cells of its session: the attack tests' own probes,
-    run against the session."""
+SH_IN_A_CELL = (
+    "import subprocess, sys\n"
+    "sys.exit(subprocess.run(['sh', '-c', {code!r}], stdin=subprocess.DEVNULL).returncode)"
+)
+"""An sh script run from a session cell: its processes are the session's, its output the
+cell's, its exit code the call's."""
 
-    def __init__(self, task: Task) -> None:
+
+class SessionTask:
+    """A task whose python runs as cells of its session (and with sh=True its sh scripts
+    too, from a cell): the attack tests' own probes, run against the session."""
+
+    scripts_uid = SESSION_UID
+    """The uid its scripts run as (test_attacks.scripts_uid)."""
+
+    def __init__(self, task: Task, sh: bool = False) -> None:
         self._task = task
+        self._sh = sh
 
     def exec(self, lang: str, code: str, **kwargs: Any) -> ExecResult:
+        if lang == "sh" and self._sh:
+            lang, code = "python", SH_IN_A_CELL.format(code=code)
         if lang == "python":
             kwargs["session"] = True
         return self._task.exec(lang, code, **kwargs)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task, name)
+
+
+class SessionHarness:
+    """A harness whose tasks are SessionTasks (for the attacks that make their own)."""
+
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+
+    def task(self, task_id: str) -> SessionTask:
+        return SessionTask(self._harness.task(task_id))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._harness, name)
 
 
 ATTACKS: list[Callable[..., None]] = [
@@ -302,14 +330,46 @@ ATTACKS: list[Callable[..., None]] = [
     test_attacks.test_two_busy_processes_get_one_cpu_between_them,
     test_attacks.test_a_print_flood_is_bounded_and_the_harness_survives,
     test_attacks.test_the_container_exposes_nothing_of_the_host,
+    test_attacks.test_scripts_run_unprivileged,
+    test_attacks.test_one_task_cannot_reach_another_tasks_payload,
+    test_attacks.test_fork_bomb_hits_the_pids_limit_and_the_task_survives,
+    test_attacks.test_an_oom_docker_records_after_the_exit_is_still_reported,
+    test_attacks.test_a_query_beside_a_memory_hog_is_answered_or_reported_stopped_not_timed_out,
+    test_attacks.test_a_process_posing_as_the_runner_does_not_escape_the_sweep,
 ]
 
+SH_ATTACKS: list[Callable[..., None]] = [
+    test_attacks.test_a_script_that_outlives_its_timeout_is_killed_with_its_children,
+    test_attacks.test_a_plain_sleep_past_its_timeout_is_killed,
+    test_attacks.test_a_detached_child_of_a_finished_script_does_not_outlive_the_exec,
+    test_attacks.test_a_program_planted_in_work_does_not_run_even_setuid,
+    test_attacks.test_a_script_cannot_write_into_the_container_log,
+    test_attacks.test_the_host_never_follows_a_planted_symlink,
+]
+"""Attacks written in sh: run from a session cell (SH_IN_A_CELL), as a cell's code would."""
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=[attack.__name__[5:] for attack in ATTACKS])
+
+@pytest.mark.parametrize(
+    ("attack", "sh"),
+    [(attack, False) for attack in ATTACKS] + [(attack, True) for attack in SH_ATTACKS],
+    ids=[attack.__name__[5:] for attack in ATTACKS + SH_ATTACKS],
+)
 def test_attack_as_a_session_cell(
-    attack: Callable[..., None], task: Task, harness: Harness, docker_client: Any
+    attack: Callable[..., None],
+    sh: bool,
+    task: Task,
+    harness: Harness,
+    docker_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    given = {"task": SessionTask(task), "harness": harness, "docker_client": docker_client}
+    given = {
+        "task": SessionTask(task, sh=sh),
+        "harness": SessionHarness(harness),
+        "docker_client": docker_client,
+        "monkeypatch": monkeypatch,
+        "tmp_path": tmp_path,
+    }
     names = attack.__code__.co_varnames[: attack.__code__.co_argcount]
     attack(**{name: given[name] for name in names})
     # Each ran in the session: it is still there (or, after the OOM, told it is new).
