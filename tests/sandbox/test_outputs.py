@@ -594,3 +594,63 @@ def test_a_script_that_locks_the_folder_itself_is_told_after_each_call(task: Tas
     assert again.file_notes == ()
     assert outputs_left(task) == []
     assert len(task.artifacts()) == 1
+
+
+SWAPPER = """
+import os
+def swap(stopped):
+    # x is by turns a regular file, a link to a host-looking path, and a FIFO.
+    os.chdir("/sandbox/outputs")
+    while not stopped():
+        for made, make in ((".r", lambda: open(".r", "w").write("regular")),
+                           (".l", lambda: os.symlink("/etc/passwd", ".l")),
+                           (".f", lambda: os.mkfifo(".f"))):
+            try:
+                make()
+                os.replace(made, "x")
+            except OSError:
+                pass  # the collector removed it meanwhile
+"""
+
+
+def test_entries_swapped_while_taken_are_never_followed(task: Task, mode: str) -> None:
+    """A writer swaps a regular file for a link and a FIFO under the same name while the
+    collector takes the folder: a session's thread, or (the sweep ends a script's leftovers
+    before its take) a concurrent script of the same task. Whatever is taken is the regular
+    file's bytes (as far as written); the calls return."""
+    takes: list[ExecResult] = []
+    if mode == "session":
+        started = run(
+            task,
+            mode,
+            SWAPPER + "import threading\nstop = threading.Event()\n"
+            "swapper = threading.Thread(target=swap, args=(stop.is_set,), daemon=True)\n"
+            "swapper.start()\n",
+        )
+        assert started.exit_code == 0, started.stderr
+        takes += [started, *(run(task, mode, "pass") for _ in range(5))]
+        assert run(task, mode, "stop.set()\nswapper.join()").exit_code == 0
+    else:
+        loop = SWAPPER + (
+            "open('/sandbox/work/started', 'w').close()\n"
+            "swap(lambda: os.path.exists('/sandbox/work/stop'))\n"
+        )
+        with ThreadPoolExecutor(1) as pool:
+            swapping = pool.submit(task.exec, "python", loop, timeout=TIMEOUT)
+            try:
+                while task.exec("sh", "test -e /sandbox/work/started").exit_code != 0:
+                    assert not swapping.done(), swapping.result().stderr
+                takes += [run(task, mode, "open('/sandbox/outputs/a.txt', 'w').write('a')")]
+                takes += [run(task, mode, "pass") for _ in range(4)]
+            finally:
+                task.exec("sh", "touch /sandbox/work/stop")
+            takes.append(swapping.result())
+    for result in takes:
+        assert not result.timed_out, result.stderr
+        for artifact in result.files:
+            # Taken as far as written when read (a prefix), and never through a link.
+            data = artifact.host_path.read_bytes()
+            assert b"regular".startswith(data) or data == b"a", (artifact.name, data)
+    assert b"root:x:0:0" not in stored_bytes(task)
+    outputs_left(task)  # this call takes what the writer left
+    assert outputs_left(task) == []
