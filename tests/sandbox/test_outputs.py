@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,7 +51,11 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 def run(task: Task, mode: str, code: str, timeout: float = TIMEOUT) -> ExecResult:
     """Run the attacker's Python; the call returns, in time, and its notes are plain lines."""
+    started = time.monotonic()
     result = task.exec("python", code, timeout=timeout, session=mode == "session")
+    # Generous: the take after the script had its own 60 s, so a take that blocked on an
+    # entry would show here (or as a note that it gave up).
+    assert time.monotonic() - started < timeout, "the call (or the take after it) blocked"
     assert not result.timed_out, result.stderr
     assert all(note.isprintable() and len(note) < 400 for note in result.file_notes), (
         result.file_notes
