@@ -358,9 +358,13 @@ def test_hostile_names_are_refused_or_stored_under_a_plain_name(task: Task, mode
     for artifact in result.files:
         assert artifact.path == f"/sandbox/offload/{artifact.name}"
         assert artifact.host_path == task.storage.offload / artifact.name
-    # Taken under another name than the payload's own: the payload is as it was.
+    # Taken under another name than the payload's own: the payload is as it was, and the
+    # payload's name, path and call id still find the payload, not the script's file.
     assert stored[b"content-%d" % NAMES.index(b"c1.json")].name != "c1.json"
     assert admitted.artifact.host_path.read_text() == payload("c1")
+    for ref in ("c1", "c1.json", admitted.artifact.path):
+        assert task.artifact(ref).name == "c1.json", ref
+    assert task.exec("jq", "length", artifact=admitted.artifact.path).text == "400\n"
     assert sorted(p.name for p in task.storage.offload.iterdir()) == sorted(
         ["c1.json", *(a.name for a in result.files)]
     )

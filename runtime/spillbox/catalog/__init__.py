@@ -135,6 +135,9 @@ _FIND = (
     .order_by(
         _LIVE.desc(),
         (artifacts.c.artifact_id == bindparam("ref")).desc(),
+        # A file name is one artifact's alone; a call id may be a later output file's name
+        # (Task.store_file), which must not stand in for the payload stored under it.
+        (artifacts.c.name == bindparam("ref")).desc(),
         artifacts.c.created_at.desc(),
     )
     .limit(1)
