@@ -20,6 +20,9 @@ times on a shared 2-core machine are noisy):
    that exec plus run.sh's own start: the floor understates it), for python print(1), a
    python script that uses duckdb and pyarrow, and sh with jq; and a session cell. Targets
    (issue 13): print(1) under 10 ms, duckdb + pyarrow under 20 ms, sh + jq under 10 ms.
+   The two alternate, each timed call after a pause (SETTLE_SECONDS), so that neither pays
+   for the other's aftermath: the engine's cleanup of a fresh exec made the call timed
+   right after it about 4 ms slower on 2 cores.
 
 Payloads are one-line JSON arrays from common.pull_requests, a new seed per repetition so
 that no offload is deduplicated against an earlier one.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -75,6 +79,8 @@ SCRIPTS = {
     "sh + jq": ("sh", "echo '{\"a\": 1}' | jq .a", ["sh", "-c", "echo '{\"a\": 1}' | jq .a"], 10.0),
 }
 """name: (lang, code, the same as a fresh exec's command, the issue's target in ms)."""
+SETTLE_SECONDS = 0.1
+"""The pause before each timed script (ours and the fresh exec alike)."""
 FRESH_SCRIPT = (
     "import duckdb; print(duckdb.__version__); "
     'print(duckdb.sql("SELECT count(*), max(id) FROM read_json_auto('
@@ -193,7 +199,9 @@ def bench_scripts(home: Path, reps: int) -> dict[str, Any]:
                 raise RuntimeError(f"{name}: {first.text!r} {first.stderr!r} vs {fresh_out!r}")
             ours, fresh = [], []
             for _ in range(reps):
+                time.sleep(SETTLE_SECONDS)
                 ours.append(timed(partial(task.exec, lang, code))[0])
+                time.sleep(SETTLE_SECONDS)
                 fresh.append(timed(partial(container.exec_run, command, user=user))[0])
             figures[name] = {
                 "ms": median_ms(ours),

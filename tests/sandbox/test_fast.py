@@ -56,6 +56,62 @@ def test_nothing_of_one_script_reaches_the_next(task: Task) -> None:
     assert found == [False, False, []]
 
 
+def test_an_sh_script_starts_as_a_shell_would(task: Task) -> None:
+    """sh is spawned, not forked from the server: a process group of its own, stdin empty,
+    only fds 0-2, and SIGPIPE at its default (ignored in Python), so `yes | head` ends
+    quietly."""
+    result = task.exec(
+        "sh",
+        "(cd /proc/$$/fd && echo *); yes | head -n 1; cat; id -u; pwd\n"
+        'test "$(ps -o pgid= -p $$)" -eq $$ && echo own-group',
+    )
+    assert (result.exit_code, result.stderr) == (0, "")
+    # The glob runs in a subshell: the folder it reads is open there, not in the script.
+    assert result.text == "0 1 2\ny\n10001\n/sandbox/work\nown-group\n"
+    nul = task.exec("sh", "echo a\0b")
+    assert nul.exit_code == 127 and "cannot start the script" in nul.stderr
+
+
+def test_the_prepared_duckdb_connection_works_as_a_fresh_one(task: Task) -> None:
+    """DuckDB's default connection is made in the fork server before the fork, with no
+    thread of its own: in a script it reads and writes files and takes more threads for a
+    query over many rows, without hanging."""
+    result = task.exec(
+        "python",
+        "import duckdb, json, pathlib\n"
+        "pathlib.Path('rows.json').write_text(json.dumps([{'a': i} for i in range(1000)]))\n"
+        "duckdb.sql(\"COPY (SELECT * FROM 'rows.json') TO 'rows.parquet'\")\n"
+        "print(duckdb.sql(\"SELECT count(*), sum(a) FROM 'rows.parquet'\").fetchall())\n"
+        "duckdb.sql('SET threads = 2')\n"
+        "print(duckdb.sql('SELECT sum(range) FROM range(20000000)').fetchall())\n"
+        "print(duckdb.sql(\"SELECT current_setting('threads')\").fetchall())",
+        timeout=60,
+    )
+    assert not result.timed_out and result.exit_code == 0, result.stderr
+    assert result.text == "[(1000, 499500)]\n[(199999990000000,)]\n[(2,)]\n"
+
+
+def test_a_python_script_ends_with_its_own_status_not_a_forked_childs(task: Task) -> None:
+    """A python script says its exit status as it ends (before its memory is torn down); a
+    child it forked that runs off the end of the code first says nothing, and a script
+    that ends without saying (os._exit, a crash) is waited for."""
+    forked = task.exec(
+        "python",
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    print('child', flush=True)\n"
+        "else:\n"
+        "    os.wait()\n"
+        "    time.sleep(0.2)\n"
+        "    print('parent')\n"
+        "    raise SystemExit(3)",
+    )
+    assert (forked.exit_code, forked.text) == (3, "child\nparent\n"), forked.stderr
+    assert task.exec("python", "import os\nos._exit(5)").exit_code == 5
+    crashed = task.exec("python", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert crashed.exit_code == 139
+
+
 def test_a_script_that_kills_the_fork_server_ends_and_the_next_one_runs(task: Task) -> None:
     result = task.exec(
         "python", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('done')"

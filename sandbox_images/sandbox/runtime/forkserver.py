@@ -9,9 +9,10 @@ One file, two roles:
                                   server start the script, and writes the script's output
                                   back as frames on stdout, then the script's end.
     python3 forkserver.py serve   the fork server, as the script uid, started by the host when
-                                  a relay finds none. It forks one child per script (python:
-                                  the code runs in the child, duckdb, pyarrow and jq already
-                                  imported; sh: the child execs sh), applies its timeout and
+                                  a relay finds none. It starts one process per script
+                                  (python: a child forked from it, with duckdb, pyarrow and
+                                  jq imported and DuckDB's default connection open, forked
+                                  ahead when it can; sh: spawned), applies its timeout and
                                   sweeps what it left.
 
 Request:  {"lang": "python"|"sh", "code": "...", "timeout": 30}
@@ -48,6 +49,8 @@ ADDRESS = "\0spillbox-forkserver"
 a namespace of its own), so no file of it can be deleted, swapped or reached from outside."""
 GRACE_SECONDS = 2.0
 EXIT_TIMED_OUT = 124
+EXIT_NOT_STARTED = 127
+"""As a shell says of a command it could not run."""
 START_SECONDS = 60.0
 """How long a relay waits for the fork server the host starts."""
 
@@ -153,9 +156,7 @@ def serve() -> None:
     # What scripts write (into /sandbox/outputs too) is for the group: the engine uid, which
     # takes the output files, reads and removes them.
     os.umask(0o007)
-    import duckdb  # noqa: F401 (imported once, here: each python child starts with it)
-    import jq  # noqa: F401
-    import pyarrow  # noqa: F401
+    import jq  # noqa: F401 (imported once, here: each python child starts with it)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -165,24 +166,75 @@ def serve() -> None:
     listener.listen(64)
     running = Running()
     os.chdir("/sandbox/work")
+    _prepare()
     while True:
         client, _ = listener.accept()
         threading.Thread(target=_serve_one, args=(client, running), daemon=True).start()
 
 
+def _prepare() -> None:
+    """Do once, here, what a python child would otherwise do first: import duckdb and
+    pyarrow, create DuckDB's default connection (its database costs a process 40-70 ms) and
+    run a first query, an Arrow result and a first pyarrow array through it (a few ms more).
+
+    A child has only the thread that forked it, so the database runs no thread of its own
+    to lose: threads=1 (a query runs on the thread that asks) and async_threads=0 (no I/O
+    pool). The sandbox's one CPU gives a fresh process threads=1 anyway; a script given more
+    can `SET threads = 2`. Nothing here is used again in the server, so no lock of it is
+    held when a child is forked.
+    """
+    import duckdb
+    import pyarrow
+
+    duckdb.set_default_connection(
+        duckdb.connect(":memory:", config={"threads": 1, "async_threads": 0})
+    )
+    duckdb.sql("SELECT 41 + 1").fetchall()
+    duckdb.sql("SELECT 42 AS a").arrow()
+    pyarrow.array([1, 2]).to_pylist()
+    # A spawned sh gets only what is inheritable: make sure no library left an fd that is.
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            try:
+                os.set_inheritable(int(name), False)
+            except OSError:
+                pass  # listdir's own, closed by now
+
+
+Spare = tuple[int, socket.socket]
+"""A python child forked ahead (its pid, and the socket it waits on for its script)."""
+
+
 class Running:
     """How many scripts run now: the uid-wide sweep waits for the last, and no script starts
-    while it runs (the lock)."""
+    while it runs (the lock). And the spare: a python child forked once no script runs, so
+    the next python script does not wait for the fork (1-2 ms: this server's page tables,
+    with duckdb and pyarrow loaded). A spare lives only while no script runs (the next
+    script takes it), so no sweep kills it, and no script sees it among its processes.
+    """
 
     def __init__(self) -> None:
         import threading
 
         self.count = 0
         self.lock = threading.Lock()
+        self.spare: Spare | None = None
 
-    def start(self) -> None:
+    def start(self) -> Spare | None:
+        """Count a script in; the spare for it, if one is ready."""
         with self.lock:
             self.count += 1
+            spare, self.spare = self.spare, None
+            return spare
+
+    def refill(self) -> None:
+        """Fork the spare, if no script runs and there is none."""
+        with self.lock:
+            if self.count == 0 and self.spare is None:
+                try:
+                    self.spare = _fork_spare()
+                except OSError:
+                    pass  # the pids limit, still full of the last script's dying processes
 
     def end(self) -> None:
         with self.lock:
@@ -200,78 +252,190 @@ def _serve_one(client: socket.socket, running: Running) -> None:
         request = json.loads(line)
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        running.start()
-        pid = os.fork()
-        if pid == 0:
-            os.close(out_read)
-            os.close(err_read)
-            _child(str(request["lang"]), str(request["code"]), out_write, err_write)
+        spare = running.start()
+        started = _start(str(request["lang"]), str(request["code"]), out_write, err_write, spare)
         os.close(out_write)
         os.close(err_write)
         socket.send_fds(client, [b"F"], [out_read, err_read])
         os.close(out_read)
         os.close(err_read)
-        exit_code = _wait(pid, float(request["timeout"]))
-        try:
-            os.killpg(pid, signal.SIGKILL)  # what the script left in its group
-        except OSError:
-            pass
+        exit_code = EXIT_NOT_STARTED
+        if started is not None:
+            exit_code = _wait(*started, float(request["timeout"]))
         running.end()
         try:
             client.sendall((json.dumps({"exit_code": exit_code}) + "\n").encode())
         except OSError:
             pass  # the relay is gone
+    # Reaped once its end is out: a python child's memory takes milliseconds to tear down.
+    if started is not None:
+        os.waitpid(started[0], 0)
+        if started[1] is not None:
+            started[1].close()
+    if request["lang"] != "sh":
+        running.refill()  # the next python script's spare
 
 
-def _wait(pid: int, timeout: float) -> int:
-    """The child's exit code: TERM to its group at the timeout (124), KILL 2 s later."""
-    started = time.monotonic()
-    deadline = started + timeout
-    signalled: int | None = None
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        now = time.monotonic()
-        if signalled is None and now >= deadline:
-            signalled = signal.SIGTERM
-            _killpg(pid, signal.SIGTERM)
-        elif signalled == signal.SIGTERM and now >= deadline + GRACE_SECONDS:
-            signalled = signal.SIGKILL
-            _killpg(pid, signal.SIGKILL)
-        # Most scripts end within milliseconds: look often at first, then every 10 ms.
-        time.sleep(0.0005 if now - started < 0.05 else 0.01)
-    if signalled is not None:
-        return EXIT_TIMED_OUT if signalled == signal.SIGTERM else 137
-    return (
-        os.waitstatus_to_exitcode(status) % 256
-        if os.WIFEXITED(status)
-        else 128 + (os.WTERMSIG(status))
-    )
+def _start(
+    lang: str, code: str, out: int, err: int, spare: Spare | None
+) -> tuple[int, socket.socket | None] | None:
+    """Start a script in a process group of its own, stdin at /dev/null, the pipes as its
+    stdout and stderr; its pid and, for python, the socket on which it says its exit status;
+    None when it could not start (said on its stderr).
+
+    python runs in a child forked from this server (the spare, or one forked now), so it
+    starts with this server's modules; sh is spawned (posix_spawn: the kernel copies none
+    of this server's page tables, which a fork copies), with the signals Python ignores set
+    back to default (`yes | head` ends as in a shell) and only fds 0-2 (every other fd here
+    is close-on-exec).
+    """
+    if spare is not None and lang == "sh":  # it goes, so that none is left while sh runs
+        _end_spare(spare[0])
+    try:
+        if lang != "sh":
+            return _start_python(code, out, err, spare)
+        pid = os.posix_spawn(
+            "/bin/sh",
+            ["sh", "-c", code],
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out, 1),
+                (os.POSIX_SPAWN_DUP2, err, 2),
+            ],
+            setsid=True,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            setsigmask=(),
+        )
+        return pid, None
+    except (OSError, ValueError) as e:  # the pids limit; sh: over 128 KB (E2BIG), a NUL byte
+        os.write(err, f"{lang}: cannot start the script: {e}\n".encode())
+        return None
+
+
+def _start_python(code: str, out: int, err: int, spare: Spare | None) -> Spare:
+    try:
+        return _hand(spare or _fork_spare(), code, out, err)
+    except OSError:  # the spare died before its script (a script killed it)
+        return _hand(_fork_spare(), code, out, err)
+
+
+def _wait(pid: int, said: socket.socket | None, timeout: float) -> int:
+    """The script's exit code: TERM to its group at the timeout (124), KILL 2 s later.
+
+    A python child says its exit status (on said) before its memory is torn down, which
+    takes it milliseconds more; one that ends without saying (a crash, os._exit, an exec)
+    is waited for. When it ends, what it left in its group is killed; it is not reaped here,
+    so its pid, the group's id, cannot have been reused.
+    """
+    import threading
+
+    ended = threading.Event()
+    signalled: list[int] = []
+
+    def watch() -> None:
+        for signum, after in ((signal.SIGTERM, timeout), (signal.SIGKILL, GRACE_SECONDS)):
+            if ended.wait(after):
+                return
+            signalled.append(signum)
+            _killpg(pid, signum)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    exit_code = _said(said) if said is not None else None
+    if exit_code is None:
+        found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        exited = found.si_code == os.CLD_EXITED
+        exit_code = found.si_status % 256 if exited else 128 + found.si_status
+    ended.set()
+    watcher.join()
+    _killpg(pid, signal.SIGKILL)
+    if signalled:
+        return EXIT_TIMED_OUT if signalled[-1] == signal.SIGTERM else 137
+    return exit_code
+
+
+def _said(said: socket.socket) -> int | None:
+    """The exit status a python child says, one byte; None if it ends without."""
+    try:
+        status = said.recv(1)
+    except OSError:
+        return None
+    return status[0] if status else None
 
 
 def _killpg(pid: int, signum: int) -> None:
+    """Signal the group of pid, a child not yet reaped (so its pid is not reused)."""
     try:
         os.killpg(pid, signum)
     except OSError:
-        pass
+        try:
+            os.kill(pid, signum)  # a child yet to make its group (setsid)
+        except OSError:
+            pass
 
 
-def _child(lang: str, code: str, out: int, err: int) -> None:
-    """In the forked child: a process group of its own, the pipes as stdout and stderr."""
+def _fork_spare() -> Spare:
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.detach()
+        _spare(theirs)
+    theirs.close()
+    return pid, ours
+
+
+def _hand(spare: Spare, code: str, out: int, err: int) -> Spare:
+    """Give the spare its script and its stdout and stderr; OSError if it died (then
+    reaped)."""
+    pid, control = spare
     try:
+        socket.send_fds(control, [b"F"], [out, err])
+        control.sendall(code.encode("utf-8", "surrogatepass"))
+        control.shutdown(socket.SHUT_WR)
+    except OSError:
+        control.close()
+        _end_spare(pid)
+        raise
+    return spare
+
+
+def _end_spare(pid: int) -> None:
+    _killpg(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def _spare(control: socket.socket) -> None:
+    """In the forked python child: a process group of its own, stdin at /dev/null, then it
+    waits for its script and runs it with the pipes as stdout and stderr, and says its exit
+    status on control. Ends without running anything if the server ends first."""
+    try:
+        me = os.getpid()
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
         # Nothing else of the server's: not its listener, nor another script's connection
         # or pipes (a child forked meanwhile by another thread holds them until here).
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        fd, limit = control.fileno(), os.sysconf("SC_OPEN_MAX")
+        os.closerange(3, fd)
+        os.closerange(fd + 1, limit)
+        _, fds, _, _ = socket.recv_fds(control, 1, 2)
+        if len(fds) != 2:
+            os._exit(0)
+        code = bytearray()
+        while chunk := control.recv(1 << 16):
+            code += chunk
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.closerange(3, fd)  # control stays (close-on-exec): the script's one other fd
+        os.closerange(fd + 1, limit)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if lang == "sh":
-            os.execv("/bin/sh", ["sh", "-c", code])
-        os._exit(_python(code))
+        status = _python(code.decode("utf-8", "surrogatepass")) % 256
+        if os.getpid() == me:  # not a child the script forked that ran off its end
+            os.close(1)  # the relay has all the output now
+            os.close(2)
+            control.send(bytes([status]))
+        os._exit(status)
     except BaseException:
         os._exit(127)
 
