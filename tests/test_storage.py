@@ -90,6 +90,16 @@ def test_a_taken_name_gets_a_suffix_and_the_first_file_is_kept(home: Path) -> No
     assert storage.names() == ["c1.json", "c1-2.json"]
 
 
+def test_a_taken_stem_gets_a_suffix_under_any_extension(home: Path) -> None:
+    # The stem is the artifact id: c1.txt beside c1.json would be a second artifact "c1".
+    storage = TaskStorage(home, "t1")
+    first = storage.write("c1", "json", b"[1]")
+    second = storage.write("c1", "txt", b"text")
+    third = storage.write("c1-2", "csv", b"a\n1\n")
+    assert [f.artifact_id for f in (first, second, third)] == ["c1", "c1-2", "c1-2-2"]
+    assert storage.names() == ["c1.json", "c1-2.txt", "c1-2-2.csv"]
+
+
 def test_stored_files_are_readable_and_complete(home: Path) -> None:
     storage = TaskStorage(home, "t1")
     data = os.urandom(3 * 1024 * 1024)

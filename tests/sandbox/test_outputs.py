@@ -371,6 +371,29 @@ def test_hostile_names_are_refused_or_stored_under_a_plain_name(task: Task, mode
     assert outputs_left(task) == []
 
 
+def test_output_files_with_a_payloads_stem_get_ids_of_their_own(task: Task, mode: str) -> None:
+    """The stem of a stored file is its artifact id: c1.txt beside the payload c1.json must
+    not take over the payload's record (which left c1.json stored, unrecorded, outside the
+    quota's count), nor its table."""
+    task.admit([ToolResult(call_id="c1", tool="t", content=payload("c1"))])
+    result = run(
+        task,
+        mode,
+        "for name in ('c1', 'c1.txt', 'c1.csv', 'c1-2.json'):\n"
+        "    open('/sandbox/outputs/' + name, 'w').write('a\\n' + name + '\\n')\n",
+    )
+    assert result.exit_code == 0, result.stderr
+    ids = [row.artifact_id for row in task.artifacts()]
+    assert len(ids) == len(set(ids)) == 5, ids
+    assert task.artifact("c1").name == "c1.json"
+    # Every stored file is recorded: none is left outside the catalog and the quota.
+    assert sorted(row.name for row in task.artifacts()) == sorted(
+        path.name for path in task.storage.offload.iterdir()
+    )
+    query = task.exec("sql", 'SELECT count(*) AS n FROM "c1"')
+    assert query.text.split() == ["n", "400"], query.stderr
+
+
 def test_thousands_of_files(task: Task, mode: str) -> None:
     count = 5000
     result = run(

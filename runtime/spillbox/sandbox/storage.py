@@ -187,17 +187,24 @@ class Staged:
     bytes: int
 
     def publish(self, stem: str, extension: str) -> StoredFile:
-        """Link the payload into offload/ as <stem>.<ext>, or <stem>-2.<ext>... if taken."""
+        """Link the payload into offload/ as <stem>.<ext>, or <stem>-2.<ext>... if that stem
+        is taken, under any extension: the stem is the artifact id, whose catalog row a
+        second c1.txt beside c1.json would replace (leaving c1.json unrecorded)."""
         storage = self.storage
         n = 1
         with storage.errors(f"payload {stem!r}"):
+            taken = {name.rsplit(".", 1)[0] for name in os.listdir(storage.offload)}
             while True:
-                name = f"{stem}.{extension}" if n == 1 else f"{stem}-{n}.{extension}"
+                free = stem if n == 1 else f"{stem}-{n}"
+                n += 1
+                if free in taken:
+                    continue
+                name = f"{free}.{extension}"
                 try:
                     os.link(self.temp, storage.offload / name)
                     break
                 except FileExistsError:
-                    n += 1
+                    continue
         return StoredFile(name, storage.offload / name, self.sha256, self.bytes)
 
 
