@@ -108,6 +108,7 @@ def test_a_python_script_ends_with_its_own_status_not_a_forked_childs(task: Task
     )
     assert (forked.exit_code, forked.text) == (3, "child\nparent\n"), forked.stderr
     assert task.exec("python", "import os\nos._exit(5)").exit_code == 5
+    assert task.exec("python", "import os\nos.close(1)\nos.close(2)\nexit(4)").exit_code == 4
     crashed = task.exec("python", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
     assert crashed.exit_code == 139
 

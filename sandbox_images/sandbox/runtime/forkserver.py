@@ -432,12 +432,24 @@ def _spare(control: socket.socket) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         status = _python(code.decode("utf-8", "surrogatepass")) % 256
         if os.getpid() == me:  # not a child the script forked that ran off its end
-            os.close(1)  # the relay has all the output now
-            os.close(2)
-            control.send(bytes([status]))
+            _say(control, status)
         os._exit(status)
     except BaseException:
         os._exit(127)
+
+
+def _say(control: socket.socket, status: int) -> None:
+    """Close stdout and stderr (the relay has all the output now), then say the status.
+    Whatever the script did to them or to control, the status it exits with stands."""
+    for fd in (1, 2):
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the script closed it
+    try:
+        control.send(bytes([status]))
+    except OSError:
+        pass  # the server is gone, or the script closed it: the exit says it
 
 
 def _python(code: str) -> int:
