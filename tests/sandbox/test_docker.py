@@ -205,8 +205,11 @@ def test_cli_exec_json_and_tasks(docker_home: Path) -> None:
         "path",
         "timed_out",
         "oom_killed",
+        "files",
+        "file_notes",
     }
     assert out["output"].splitlines() == ["n", "300"]
+    assert out["files"] == [] and out["file_notes"] == []
     tasks = subprocess.run(
         [*cli, "tasks", *base, "--json"], capture_output=True, text=True, check=True
     )
