@@ -327,6 +327,9 @@ class DockerBackend(SandboxBackend):
         # uid/gid/mode: gVisor makes a tmpfs root-owned 1777 otherwise (runc copies the
         # image folder's owner and mode, which the Dockerfile sets alike).
         work = f"uid={SCRIPT_UID},gid={SANDBOX_GID},mode=0770"
+        # The output folder is the engine uid's (which takes the files), open to the group:
+        # scripts and the session write there, and none can lock it or make it sticky.
+        outputs = f"uid={ENGINE_UID},gid={SANDBOX_GID},mode=0770"
         run = f"uid={SESSION_UID},gid={SANDBOX_GID},mode=0700"
         run_options: dict[str, Any] = {
             "name": name,
@@ -346,7 +349,7 @@ class DockerBackend(SandboxBackend):
             "tmpfs": {
                 "/tmp": f"rw,noexec,nosuid,nodev,size={options.tmp_size}",
                 WORK_MOUNT: f"rw,noexec,nosuid,nodev,size={options.work_size},{work}",
-                OUTPUTS_MOUNT: f"rw,noexec,nosuid,nodev,size={options.outputs_size},{work}",
+                OUTPUTS_MOUNT: f"rw,noexec,nosuid,nodev,size={options.outputs_size},{outputs}",
                 RUN_MOUNT: f"rw,noexec,nosuid,nodev,size={RUN_SIZE},{run}",
             },
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
