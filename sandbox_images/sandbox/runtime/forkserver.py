@@ -464,11 +464,11 @@ def _python(code: str) -> int:
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
     except BaseException as e:
-        status = _print_error(e)
+        status = print_error(e, __file__)
     try:
         takeout.save_figures()  # the figures a script leaves open come back as images
     except Exception as e:
-        status = status or _print_error(e)
+        status = status or print_error(e, __file__)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -477,12 +477,13 @@ def _python(code: str) -> int:
     return status
 
 
-def _print_error(error: BaseException) -> int:
-    """Print an error as `python3 -c` does, without this server's own frame; status 1."""
+def print_error(error: BaseException, server: str) -> int:
+    """Print an error's traceback as `python3 -c` does, without the frames of the server
+    file that ran the code (they are not the model's); exit status 1."""
     import traceback
 
     shown = traceback.TracebackException.from_exception(error)
-    here = os.path.abspath(__file__)
+    here = os.path.abspath(server)
     shown.stack = traceback.StackSummary.from_list(
         [frame for frame in shown.stack if frame.filename != here]
     )

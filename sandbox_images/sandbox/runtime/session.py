@@ -43,8 +43,9 @@ import sys
 import time
 from typing import Any
 
+# Beside this file, as the relay is run (python3 -S):
 import takeout
-from forkserver import oom_count  # beside this file, as the relay is run (python3 -S)
+from forkserver import oom_count, print_error
 
 RUN = "/sandbox/run"
 SOCKET = f"{RUN}/python.sock"
@@ -447,7 +448,7 @@ def _cell(code: str, namespace: dict[str, Any], load: Any) -> int:
         return 1
     except BaseException as e:
         Cell.running = False
-        _print_error(e)
+        print_error(e, __file__)
         return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 1
     finally:
         Cell.running = False
@@ -459,20 +460,8 @@ def _figures() -> int:
         takeout.save_figures()
         return 0
     except Exception as e:
-        _print_error(e)
+        print_error(e, __file__)
         return 1
-
-
-def _print_error(error: BaseException) -> None:
-    """The traceback without the server's frames (they are not the model's)."""
-    import traceback
-
-    here = os.path.abspath(__file__)
-    shown = traceback.TracebackException.from_exception(error)
-    shown.stack = traceback.StackSummary.from_list(
-        [frame for frame in shown.stack if frame.filename != here]
-    )
-    print("".join(shown.format()), end="", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -327,7 +327,11 @@ class TaskSandbox:
                         else:
                             notes.append(body.decode("utf-8", "replace"))
             except (GaveUp, SandboxDied, OSError) as e:
-                notes.append(f"the output files could not all be taken: {type(e).__name__}")
+                why = {
+                    GaveUp: f"it took over {TAKEOUT_SECONDS:g} s",
+                    SandboxDied: "the sandbox stopped",
+                }.get(type(e), f"the connection broke: {e}")
+                notes.append(f"the output files could not all be taken ({why}): write them again")
             finally:
                 stream.close()
         if errors:
