@@ -157,6 +157,16 @@ def test_gc_reports_what_it_removes(sb: Cli, tmp_path: Path) -> None:
     assert code == 0 and out == "nothing to remove\n"
 
 
+def test_gc_of_a_home_that_is_not_there_changes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no" / "such" / "home"
+    for args in (["--dry-run"], []):
+        err = Cli(missing, capsys).error("gc", *args)
+        assert f"no spillbox home at {missing}: nothing to collect" in err
+        assert not (tmp_path / "no").exists()
+
+
 def test_pinned_artifacts_are_reported_by_rm(sb: Cli, tmp_path: Path) -> None:
     offload_json(sb, "--task", "t1", str(write_payload(tmp_path, "c1")))
     offload_json(sb, "--task", "t1", str(write_payload(tmp_path, "c2")))

@@ -842,9 +842,13 @@ def test_bad_calls_come_back_as_errors(harness: Harness) -> None:
             assert output.is_error
             message = json.loads(output.text)["error"]
             assert f"unknown tool {name!r}" in message and "read_artifact" in message
-        for raw in ("{not json", "[1, 2]"):
-            output = toolset.call("list_artifacts", raw)
-            assert output.is_error and "bad arguments" in json.loads(output.text)["error"]
+        for raw in ("{not json", "[1, 2]", "notjson", '"c1"'):
+            output = toolset.call("read_artifact", raw)
+            message = json.loads(output.text)["error"]
+            assert output.is_error and message.startswith(
+                "bad arguments for read_artifact: the arguments must be a JSON object, "
+                'for example {"artifact_id": "c1"}'
+            ), message
         # Arguments as the JSON string a model sends work too.
         assert not toolset.call("read_artifact", '{"artifact_id": "c1"}').is_error
 

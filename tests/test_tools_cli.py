@@ -95,7 +95,8 @@ def test_call_prints_what_the_model_would_see(
     [
         ("no_such_tool", "{}", "unknown tool 'no_such_tool'"),
         ("sandbox_exec", '{"lang": "sh", "code": "id"}', "unknown tool 'sandbox_exec'"),
-        ("list_artifacts", "{not json", "bad arguments"),
+        ("list_artifacts", "{not json", "the arguments must be a JSON object, for example {}"),
+        ("read_artifact", "notjson", 'for example {"artifact_id": "c1"}'),
         ("read_artifact", '{"artifact_id": "nope"}', "no artifact 'nope'"),
     ],
 )

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spillbox.config import SandboxKind
+from spillbox.config import SandboxKind, Settings
 from spillbox.errors import ConfigError, SpillboxError
 from spillbox.harness import Harness, Task
 from spillbox.retention import Retention, policy_for
@@ -422,6 +422,14 @@ def _pin(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    home = settings.home if args.home is None else Path(args.home).expanduser()
+    if settings.catalog_url is None and not home.is_dir():
+        # Opening a harness would make the home: a dry run changes nothing, and a home
+        # that is not there (a typo, most often) has nothing to collect.
+        raise ConfigError(
+            f"no spillbox home at {home}: nothing to collect; check --home or SPILLBOX_HOME"
+        )
     with _harness(args) as harness:
         removals = harness.gc(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"

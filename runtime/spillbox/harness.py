@@ -204,6 +204,10 @@ class Harness(_ClosedOnExit):
                 count = 0
             self._holds[storage.task_id] = (hold, count + 1)
 
+    def _holding(self, task_id: str) -> bool:
+        with self._holds_lock:
+            return task_id in self._holds
+
     def _let_go(self, task_id: str) -> None:
         with self._holds_lock:
             hold, count = self._holds.pop(task_id, (None, 0))
@@ -462,8 +466,9 @@ class Task(_ClosedOnExit):
         has it open. Otherwise, if another process (or Task object) still has the task open,
         it stays open for them; the last to close applies the policy's keep_after_close:
         0 deletes now, N seconds lets garbage collection delete it then, None keeps it until
-        its artifacts expire. A restarted harness re-attaches to a kept task's container by
-        label.
+        its artifacts expire. The last close also stops the task's container (the task's
+        storage stays; opened again, the task starts it, and a restarted harness finds it
+        by label).
         """
         hold, self._hold = self._hold, None
         if hold is None and not delete:
@@ -473,15 +478,18 @@ class Task(_ClosedOnExit):
             if hold is not None:
                 hold()
             return
-        self.harness.backend.release(self.storage)
         if hold is not None:
             hold()
+        if not self.harness._holding(self.id):  # no other Task object here has it open
+            self.harness.backend.release(self.storage)
         with unless_open(self.storage) as last:
             if not last:
                 return  # another process (or Task object) still has it open: it stays open
             if self.retention.keep_after_close == 0:
                 self.harness.remove(self.id, by="keep_after_close")
             else:
+                # Its storage stays under retention; nothing runs for a closed task.
+                self.harness.backend.stop_sandbox(self.storage)
                 deadline = close_deadline(self.retention, time.time())
                 self.harness.catalog.close_task(self.id, deadline)
 

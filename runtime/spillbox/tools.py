@@ -232,12 +232,10 @@ class Toolset:
     def call(self, name: str, arguments: Mapping[str, Any] | str) -> ToolOutput:
         """Call a tool as the model would; errors come back as text, as the model sees them."""
         try:
-            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
-            if not isinstance(args, dict):
-                raise TypeError("arguments must be a JSON object")
             if name not in self.names:
                 return _error(f"unknown tool {name!r}: available are {', '.join(self.names)}")
             name = canonical(name)
+            args = _object(name, arguments)
             args = _arguments(SPECS[name], args)
             if name == SANDBOX_EXEC:
                 return self._exec(args)
@@ -376,6 +374,33 @@ def _kind(name: str) -> str:
     """The shape kind of an artifact recorded before its kind was kept, from its extension."""
     extension = name.rsplit(".", 1)[-1]
     return {"json": "json_array", "ndjson": "ndjson"}.get(extension, "text")
+
+
+EXAMPLES: dict[str, dict[str, Any]] = {
+    SANDBOX_EXEC: {"lang": "sql", "code": 'SELECT count(*) FROM "c1"'},
+    READ_ARTIFACT: {"artifact_id": "c1"},
+    LIST_ARTIFACTS: {},
+}
+"""A call's arguments for each tool, shown when a caller sends something that is not a
+JSON object."""
+
+
+def _object(name: str, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
+    """The arguments as a dict; anything but a JSON object is refused with an example."""
+    example = json.dumps(EXAMPLES[name])
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except ValueError as e:
+            raise ValueError(
+                f"the arguments must be a JSON object, for example {example} ({e})"
+            ) from None
+    else:
+        decoded = arguments
+    if not isinstance(decoded, Mapping):
+        got = type(decoded).__name__
+        raise ValueError(f"the arguments must be a JSON object, for example {example}, not {got}")
+    return dict(decoded)
 
 
 def _arguments(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -112,7 +112,10 @@ def npm_server(bin_dir: Path, name: str, *args: str) -> list[str]:
 
 def processes_with(marker: str) -> list[int]:
     """Pids of the processes whose environment holds marker (the proxy passes its own
-    environment to the upstream server), other than spillbox itself."""
+    environment to the upstream server), other than spillbox itself: a process running the
+    checkout's `spillbox` command (not any command line holding the word, which is the
+    checkout's own path where `git clone` named it spillbox)."""
+    ours = str(BIN / "spillbox").encode()
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -122,7 +125,7 @@ def processes_with(marker: str) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if marker.encode() in environ and b"spillbox" not in cmdline:
+        if marker.encode() in environ and ours not in cmdline.split(b"\0"):
             pids.append(int(proc.name))
     return pids
 

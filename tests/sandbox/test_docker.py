@@ -159,6 +159,29 @@ def test_a_restarted_harness_reattaches_and_a_removed_container_is_recreated(
     second.close()
 
 
+def test_the_last_close_stops_the_container_and_lets_go_of_the_sandbox(
+    harness: Harness, docker_client: object
+) -> None:
+    task = harness.task("closed")
+    task.admit([ToolResult(call_id="c1", tool="list_prs", content=prs(300))])
+    assert task.exec("sh", "echo hi > /sandbox/work/scratch").exit_code == 0
+    container = harness.backend.container(task.storage)  # type: ignore[attr-defined]
+    other = harness.task("closed")  # a second Task object of the same task
+    task.close()
+    container.reload()
+    assert container.status == "running"  # still open through `other`
+    other.close()
+    container.reload()
+    assert container.status == "exited"
+    assert "closed" not in harness.backend._sandboxes  # type: ignore[attr-defined]
+    assert harness.catalog.task("closed").state == "closed"  # type: ignore[union-attr]
+    with harness.task("closed") as again:  # opened again: its container starts
+        result = again.exec("sql", 'SELECT count(*) AS n FROM "c1"')
+        assert result.text.splitlines() == ["n", "300"], result.stderr
+        assert again.exec("sh", "test -e /sandbox/work/scratch").exit_code == 1
+        assert harness.backend.container(again.storage).id == container.id  # type: ignore[attr-defined]
+
+
 def test_close_with_delete_removes_container_and_storage(
     harness: Harness, docker_client: object
 ) -> None:

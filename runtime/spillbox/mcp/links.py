@@ -15,11 +15,12 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import mcp_types as types
 
-from spillbox.types import Artifact, ArtifactRow
+from spillbox.types import Artifact, ArtifactRow, ShapeKind
 
 SCHEME = "spillbox"
-MIME_TYPES = {
-    "json": "application/json",
+MIME_TYPES: dict[ShapeKind, str] = {
+    "json_array": "application/json",
+    "json_object": "application/json",
     "json_scalar": "application/json",
     "ndjson": "application/x-ndjson",
     "csv": "text/csv",
@@ -49,7 +50,7 @@ def resource_link(task_id: str, artifact: Artifact) -> types.ResourceLink:
         name=artifact.name,
         description=f"The stored result of {artifact.tool} ({artifact.call_id}); "
         "resources/read returns it a page at a time.",
-        mime_type=MIME_TYPES.get(artifact.shape.kind),
+        mime_type=MIME_TYPES[artifact.shape.kind],
         size=artifact.bytes,
     )
 
@@ -60,6 +61,6 @@ def resource(row: ArtifactRow) -> types.Resource:
         uri=artifact_uri(row.task_id, row.artifact_id),
         name=row.name,
         description=f"The stored result of {row.tool} ({row.call_id}).",
-        mime_type=MIME_TYPES.get(row.kind or ""),
+        mime_type=MIME_TYPES[row.kind] if row.kind in MIME_TYPES else None,
         size=row.bytes,
     )

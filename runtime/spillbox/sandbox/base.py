@@ -66,6 +66,10 @@ class SandboxBackend(ABC):
         """Let go of what this process holds for the task (its sandbox stays)."""
         return None  # a backend that holds nothing per task has nothing to let go
 
+    def stop_sandbox(self, storage: TaskStorage) -> None:
+        """Stop what runs for the task (its storage stays): at the task's last close."""
+        self.release(storage)
+
     def close(self) -> None:
         """Let go of everything this process holds (connections, engines)."""
         return None  # a backend without connections has nothing to let go

@@ -74,6 +74,8 @@ DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 MAX_CODE_BYTES = 256 * 1024
 CREATE_ATTEMPTS = 5
 REMOVAL_SECONDS = 30.0
+STOP_SECONDS = 2
+"""How long a stopped task's processes get after SIGTERM (tini passes it on) before KILL."""
 """How long a container that is being removed may take to go, before a new one replaces it."""
 
 
@@ -193,9 +195,21 @@ class DockerBackend(SandboxBackend):
         return self.sandbox(storage).exec(lang, code, timeout, session)
 
     def release(self, storage: TaskStorage) -> None:
-        sandbox = self._held(storage.task_id)
+        """Let go of the task's TaskSandbox: its SQL engine, the kept relays, the background
+        start. A long-lived process (`mcp proxy --listen`) closes many tasks."""
+        with self._lock:
+            sandbox = self._sandboxes.pop(storage.task_id, None)
         if sandbox is not None:
-            sandbox.drop_engine()
+            sandbox.close()
+
+    def stop_sandbox(self, storage: TaskStorage) -> None:
+        """Stop the task's container (it keeps its labels: gc removes it with the task, and
+        a task opened again starts it). Its tmpfs folders and session go with the stop."""
+        self.release(storage)
+        with docker_errors(f"stopping the container of task {storage.task_id!r}"):
+            for container in self._containers({LABEL_TASK: storage.task_id}):
+                if container.status == "running":
+                    container.stop(timeout=STOP_SECONDS)
 
     def close(self) -> None:
         with self._lock:
@@ -222,7 +236,9 @@ class DockerBackend(SandboxBackend):
         its bytes, and everything changed since it was created), then the engine's tables;
         the next query starts an engine that reloads what is left, the next session call a
         new, empty session (told that its names are gone)."""
-        self.release(storage)
+        sandbox = self._held(storage.task_id)
+        if sandbox is not None:
+            sandbox.drop_engine()
         with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 if container.status != "running":

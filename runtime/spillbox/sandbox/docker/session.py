@@ -278,6 +278,10 @@ class TaskSandbox:
         if outcome is Outcome.NEVER_STARTED:
             self.forget()
             return outcome
+        if Outcome.OUT_OF_MEMORY in outcome and not output.end_mark:
+            # gVisor can cut the runner's exec with a status of its own (128: "WaitPID
+            # failed") as the OOM kill ends the script: it was killed, as under runc.
+            exit_code = EXIT_KILLED
         stderr = output.stderr
         files: tuple[OutputFile, ...] = ()
         notes: tuple[str, ...] = ()
