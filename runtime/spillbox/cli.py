@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spillbox.config import SandboxKind, Settings
 from spillbox.errors import ConfigError, SpillboxError
-from spillbox.harness import Harness, Task
-from spillbox.retention import Retention, policy_for
-from spillbox.tools import SPECS, Toolset, tool_names
 from spillbox.types import LANGS, Admitted, ArtifactRow, ToolResult
+
+if TYPE_CHECKING:
+    from spillbox.config import SandboxKind
+    from spillbox.harness import Harness, Task
+
+# The settings (tiktoken), the harness (the catalog, Docker), the tools and retention are
+# imported by the commands that use them: `spillbox --version` and `--help` pay for none.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,10 +50,24 @@ a first try, with a large JSON file (the sandbox needs Docker):
 
 def _version() -> str:
     """The installed version, as the package metadata says."""
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("spillbox")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
         return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """--version, read from the package metadata only when asked for (it costs an import
+    of importlib.metadata that every other command would pay at start)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"spillbox {_version()}")  # on stdout, as argparse's own version action does
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=FIRST_STEPS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"spillbox {_version()}")
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     common = argparse.ArgumentParser(add_help=False)
@@ -246,6 +262,8 @@ _RETENTION_FLAGS = (
 
 
 def _harness(args: argparse.Namespace) -> Harness:
+    from spillbox.harness import Harness
+
     sandbox: SandboxKind | None = args.sandbox
     # A CLI process is short-lived: collection runs as `spillbox gc`, not in the background.
     return Harness(sandbox=sandbox, home=args.home, gc_interval=-1)
@@ -253,6 +271,8 @@ def _harness(args: argparse.Namespace) -> Harness:
 
 def _task(args: argparse.Namespace, harness: Harness, task_id: str | None = None) -> Task:
     """The task named on the command line (or task_id), with the retention flags given."""
+    from spillbox.retention import Retention, policy_for
+
     task_id = task_id or args.task
     flags = {name: getattr(args, name, None) for name in _RETENTION_FLAGS}
     retention = None
@@ -422,6 +442,8 @@ def _pin(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    from spillbox.config import Settings
+
     settings = Settings.from_env()
     home = settings.home if args.home is None else Path(args.home).expanduser()
     if settings.catalog_url is None and not home.is_dir():
@@ -462,6 +484,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _tools(args: argparse.Namespace) -> int:
+    from spillbox.tools import SPECS, tool_names
+
     names = tool_names(() if args.sandbox == "none" else LANGS)
     specs = [SPECS[name] for name in names]
     print(json.dumps([spec.definition(args.format) for spec in specs], indent=2))
@@ -469,6 +493,8 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _call(args: argparse.Namespace) -> int:
+    from spillbox.tools import Toolset
+
     with _harness(args) as harness, harness.task(args.task) as task:
         toolset = Toolset(task)
         task.register_tools(toolset.names)
@@ -479,6 +505,7 @@ def _call(args: argparse.Namespace) -> int:
 
 def _mcp(args: argparse.Namespace) -> int:
     from spillbox import mcp
+    from spillbox.harness import Harness
 
     if args.command is not None and bool(args.command) == bool(args.url):  # proxy
         raise ConfigError(
