@@ -49,6 +49,8 @@ MAX_ID_CHARS = 128
 """Tool names, call ids and the path are shown up to this many characters; a notice over
 its bound with nothing else left to take away shows less."""
 MAX_REASON_CHARS = 160
+"""The reason, the shape and the records' count, in spillbox's own words, are cut only
+past this."""
 MAX_HINT_CHARS = 1_000
 """A hint longer than this is left out: it would take most of the notice's bound (and
 costs a count of all its tokens each time the notice is shrunk to fit)."""
@@ -186,7 +188,7 @@ def _render(facts: NoticeFacts, layout: _Layout) -> str:
     records = facts.shape.records if facts.shape.kind == "json_object" else None
     if records is not None and layout.records:
         path = tuple(_cut(key, MAX_KEY_CHARS) for key in records.path)
-        lines.append(f"records: {path_text(path)}, {_counted(records)}")
+        lines.append(f"records: {path_text(path)}, {_text(_counted(records), MAX_REASON_CHARS)}")
     if facts.shape.kind == "binary":
         lines.append(f"head_hex: {facts.binary_head[:BINARY_HEAD_BYTES].hex()}")
     elif layout.preview:
