@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,24 @@ def test_a_hint_that_is_not_one_line_is_left_out_and_the_others_kept() -> None:
         "sh: echo 1",
         'sandbox_exec {"code": "SELECT \'\\u2028\'"}',
     ]
+
+
+def test_a_long_host_path_is_shown_whole_and_only_a_huge_one_is_cut() -> None:
+    # sandbox="none" shows host paths, as long as the home's; none is ever cut to fit
+    # while a hint, a key or a preview could go instead.
+    data = wrapped("items")
+    long_path = "/home/" + "deep/" * 60 + "c1.json"
+    facts = NoticeFacts(
+        reason="per_call", tool="api", call_id="c1", path=long_path, size=len(data),
+        tokens=TokenCount(1, exact=True), sha256=SHA256, shape=profile(data, data.decode()),
+        start="", end="", length=0,
+    )  # fmt: skip
+    fields = parse_notice(render(facts, default_counter(), MAX_TOKENS, PREVIEW)[0])
+    assert fields is not None and fields["path"] == long_path
+    huge = replace(facts, path="/x" * 20_000, hints=(Hint("sh", "ls"),))
+    text, tokens = render(huge, default_counter(), MAX_TOKENS, PREVIEW)
+    fields = parse_notice(text)
+    assert tokens <= MAX_TOKENS and fields is not None and fields["path"].endswith("…")
 
 
 def test_a_csv_header_cannot_forge_lines_and_gets_a_hint_that_names_no_odd_column() -> None:

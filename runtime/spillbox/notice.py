@@ -46,8 +46,11 @@ CLOSE = "[/spillbox]"
 MAX_KEYS = 40
 MAX_KEY_CHARS = 40
 MAX_ID_CHARS = 128
-"""Tool names, call ids and the path are shown up to this many characters; a notice over
-its bound with nothing else left to take away shows less."""
+"""Tool names and call ids are shown up to this many characters; a notice over its bound
+with nothing else left to take away shows less."""
+MAX_PATH_CHARS = 4096
+"""The path (and the digest) are shown whole up to Linux's PATH_MAX (a host path, with
+sandbox="none", is as long as the home's), and cut only after the ids."""
 MAX_REASON_CHARS = 160
 """The reason, the shape and the records' count, in spillbox's own words, are cut only
 past this."""
@@ -121,6 +124,7 @@ class _Layout:
     hints: tuple[Hint, ...]
     records: bool
     id_chars: int
+    path_chars: int
 
 
 def render(
@@ -132,12 +136,12 @@ def render(
     hint that is not one line, or is over MAX_HINT_CHARS, is left out: cutting or
     escaping code would change what it runs. Then, until the notice fits: fewer keys,
     shorter previews, hints left out from the last (they come in the order to try
-    them), no keys, previews or records, and last the tool, call id, path and digest
-    cut, down to "…". Only a bound below that barest notice (123 tokens with 19-digit
-    numbers and the dynamic limit's reason, cl100k) is not met.
+    them), no keys, previews or records, and last the tool and call id cut, then the
+    path and digest, down to "…". Only a bound below that barest notice (123 tokens
+    with 19-digit numbers and the dynamic limit's reason, cl100k) is not met.
     """
     hints = tuple(hint for hint in facts.hints if _is_hint_line(hint.line()))
-    layout = _Layout(MAX_KEYS, preview_chars, hints, True, MAX_ID_CHARS)
+    layout = _Layout(MAX_KEYS, preview_chars, hints, True, MAX_ID_CHARS, MAX_PATH_CHARS)
     while True:
         text = _render(facts, layout)
         tokens = counter.count(text)
@@ -159,6 +163,8 @@ def _smaller(layout: _Layout) -> _Layout | None:
         return replace(layout, keys=0, preview=0, records=False)
     if layout.id_chars:
         return replace(layout, id_chars=layout.id_chars // 2)
+    if layout.path_chars:
+        return replace(layout, path_chars=layout.path_chars // 2)
     return None
 
 
@@ -172,10 +178,10 @@ def _render(facts: NoticeFacts, layout: _Layout) -> str:
         f"reason: {facts.reason} ({_text(reason, max(ids, MAX_REASON_CHARS))})",
         f"tool: {_text(facts.tool, ids)}",
         f"call_id: {_text(facts.call_id, ids)}",
-        f"path: {_text(facts.path, ids)}",
+        f"path: {_text(facts.path, layout.path_chars)}",
         f"bytes: {facts.size}",
         f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
-        f"sha256: {_text(facts.sha256, ids)}",
+        f"sha256: {_text(facts.sha256, layout.path_chars)}",
         *([] if facts.redactions is None else [f"redactions: {facts.redactions}"]),
         f"shape: {_text(describe(facts.shape), max(ids, MAX_REASON_CHARS))}",
     ]
