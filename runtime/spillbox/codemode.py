@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from itertools import groupby
 
 from spillbox.errors import ExecError, SpillboxError
 from spillbox.notice import Hint
@@ -183,6 +184,32 @@ def table_name(artifact_id: str) -> str:
     return '"' + artifact_id.replace('"', '""') + '"'
 
 
+def sql_string(value: str) -> str:
+    """A DuckDB string literal of any text, on one line and printable: a character that is
+    not printable (a line break, a control) is joined in as chr(n), since DuckDB's
+    literals have no escapes for it.
+
+    >>> sql_string("it's"), sql_string("a\\nb")
+    ("'it''s'", "'a' || chr(10) || 'b'")
+    """
+    parts: list[str] = []
+    for printable, chars in groupby(value, str.isprintable):
+        if printable:
+            parts.append("'" + "".join(chars).replace("'", "''") + "'")
+        else:
+            parts.extend(f"chr({ord(char)})" for char in chars)
+    return " || ".join(parts) or "''"
+
+
+def sql_column(name: str) -> str:
+    """An expression for the column named `name`, on one line whatever it holds: the
+    quoted identifier, or where that would not be printable (or empty, which DuckDB
+    refuses), the one column whose name is equal to it."""
+    if name and name.isprintable():
+        return table_name(name)
+    return f"COLUMNS(lambda c: c = {sql_string(name)})"
+
+
 def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
     """One or two ready-to-run inspections of an artifact, in languages the sandbox has."""
     found: list[Hint] = []
@@ -195,8 +222,7 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
         if shape.kind == "json_object":
             found.append(Hint("sql", f"DESCRIBE {table}"))
         else:
-            plain = [k for k in shape.keys if k.isprintable() and len(k) <= 40][:3]
-            columns = ", ".join(table_name(k) for k in plain) or "*"
+            columns = ", ".join(table_name(k) for k in _named_columns(shape.keys)) or "*"
             found.append(Hint("sql", f"SELECT count(*) AS n FROM {table}"))
             found.append(Hint("sql", f"SELECT {columns} FROM {table} LIMIT 5"))
     elif "sh" in languages and shape.kind in ("text", "json_scalar"):
@@ -214,6 +240,30 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
     return found
 
 
+def _named_columns(keys: Sequence[str]) -> list[str]:
+    """Up to three columns a hint can name as DuckDB loads them: short printable keys
+    without outer spaces (its CSV reader trims them)."""
+    if not _loaded_as_columns(keys):
+        return []
+    return [k for k in keys if k.isprintable() and len(k) <= 40 and k == k.strip()][:3]
+
+
+def _loaded_as_columns(keys: Sequence[str]) -> bool:
+    """Whether DuckDB loads a table with these keys as one column per key. Its names
+    ignore case: objects with two keys that differ only in case, or with an empty key,
+    it loads as one MAP column, and such CSV columns it renames."""
+    return "" not in keys and len({key.casefold() for key in keys}) == len(keys)
+
+
+def _nameable(key: str, lang: str) -> bool:
+    """Whether a hint in lang can name key: jq 1.6 refuses a lone surrogate's escape,
+    and DuckDB's names cannot hold one (not UTF-8), nor NUL (a name ends there), nor
+    be empty."""
+    if any("\ud800" <= char <= "\udfff" for char in key):
+        return False
+    return lang != "sql" or (key != "" and "\x00" not in key)
+
+
 JQ_WHOLE_MAX_BYTES = 16 * 1024 * 1024
 """Wrapped records in a payload over this size get jq hints that stream (--stream): jq
 parsing 72 MB whole was killed at the sandbox's 1 GB memory limit."""
@@ -226,17 +276,20 @@ def _records_hints(
     row, the records a list in it), jq over the path, and jq showing the envelope (the
     object without its records)."""
     found: list[Hint] = []
-    if "sql" in languages:
+    nameable = {lang: all(_nameable(key, lang) for key in path) for lang in ("sql", "sh")}
+    if "sql" in languages and nameable["sql"] and _loaded_as_columns(artifact.shape.keys):
         first, *rest = path
-        fields = "".join("['" + key.replace("'", "''") + "']" for key in rest)
+        fields = "".join(f"[{sql_string(key)}]" for key in rest)
         table = table_name(artifact.id)
         found.append(
             Hint(
                 "sql",
-                f"SELECT unnest({table_name(first)}{fields}, max_depth := 2) FROM {table} LIMIT 5",
+                f"SELECT unnest({sql_column(first)}{fields}, max_depth := 2) FROM {table} LIMIT 5",
             )
         )
-    if "sh" in languages and artifact.bytes > JQ_WHOLE_MAX_BYTES:
+    if not ("sh" in languages and nameable["sh"]):
+        return found
+    if artifact.bytes > JQ_WHOLE_MAX_BYTES:
         # jq 1.6 holds a document it parses whole at many times its size: past this, it
         # reads the events of --stream, keeping one record at a time.
         under = json.dumps(list(path))
@@ -249,7 +302,7 @@ def _records_hints(
         )
         for jq_filter in (records, envelope):
             found.append(Hint("sh", f"jq -cn --stream {shell_quote(jq_filter)} {artifact.path}"))
-    elif "sh" in languages:
+    else:
         jq_path = "." + path_text(path)
         found.append(Hint("sh", f"jq -c {shell_quote(jq_path + '[:2][]')} {artifact.path}"))
         found.append(Hint("sh", f"jq -c {shell_quote(f'del({jq_path})')} {artifact.path}"))

@@ -1,8 +1,10 @@
 """The notice: what the model reads in place of an offloaded result.
 
 One stable, line-oriented format everywhere, so the model learns it and code can parse
-it back (parse_notice). Values that could hold anything (previews, keys) are JSON-quoted,
-so no payload can break a line or forge a field. Example:
+it back (parse_notice). Values that could hold anything (previews, keys, the records path,
+an id that is not printable) are JSON-quoted and cut, and a hint that is not one line is
+left out, so no payload can break a line, forge a field or push the notice past its
+bound. Example:
 
     [spillbox offloaded v1]
     reason: per_call (over the 6000-token per-call limit)
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import regex
 
@@ -44,8 +46,17 @@ CLOSE = "[/spillbox]"
 MAX_KEYS = 40
 MAX_KEY_CHARS = 40
 MAX_ID_CHARS = 128
-"""Tool names and call ids are shown up to this many characters (the path names the file)."""
-MIN_ID_CHARS = 16
+"""Tool names and call ids are shown up to this many characters; a notice over its bound
+with nothing else left to take away shows less."""
+MAX_PATH_CHARS = 4096
+"""The path (and the digest) are shown whole up to Linux's PATH_MAX (a host path, with
+sandbox="none", is as long as the home's), and cut only after the ids."""
+MAX_REASON_CHARS = 160
+"""The reason, the shape and the records' count, in spillbox's own words, are cut only
+past this."""
+MAX_HINT_CHARS = 1_000
+"""A hint longer than this is left out: it would take most of the notice's bound (and
+costs a count of all its tokens each time the notice is shrunk to fit)."""
 BINARY_HEAD_BYTES = 16
 
 _REASONS = {
@@ -73,7 +84,7 @@ class Hint:
 
     def line(self) -> str:
         if self.tool is not None:
-            return f"{self.tool} {json.dumps(self.args, ensure_ascii=False)}"
+            return f"{self.tool} {_quote(self.args)}"
         return f"{self.lang}: {self.code}"
 
 
@@ -104,65 +115,98 @@ class NoticeFacts:
     """Secrets replaced before storing, when the task's policy redacts (None: it does not)."""
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How much of the optional content one rendering shows."""
+
+    keys: int
+    preview: int
+    hints: tuple[Hint, ...]
+    records: bool
+    id_chars: int
+    path_chars: int
+
+
 def render(
     facts: NoticeFacts, counter: TokenCounter, max_tokens: int, preview_chars: int
 ) -> tuple[str, int]:
-    """The notice text and its tokens, shrunk (fewer keys, shorter previews, then shorter
-    ids) until it fits max_tokens."""
-    keys_shown, chars, id_chars = MAX_KEYS, preview_chars, MAX_ID_CHARS
+    """The notice text and its tokens, within max_tokens whatever the payload held.
+
+    Every value is made one line and cut where it goes into a line (_text, _quote). A
+    hint that is not one line, or is over MAX_HINT_CHARS, is left out: cutting or
+    escaping code would change what it runs. Then, until the notice fits: fewer keys,
+    shorter previews, hints left out from the last (they come in the order to try
+    them), no keys, previews or records, and last the tool and call id cut, then the
+    path and digest, down to "…". Only a bound below that barest notice (123 tokens
+    with 19-digit numbers and the dynamic limit's reason, cl100k) is not met.
+    """
+    hints = tuple(hint for hint in facts.hints if _is_hint_line(hint.line()))
+    layout = _Layout(MAX_KEYS, preview_chars, hints, True, MAX_ID_CHARS, MAX_PATH_CHARS)
     while True:
-        text = _render(facts, keys_shown, chars, id_chars)
+        text = _render(facts, layout)
         tokens = counter.count(text)
-        if tokens <= max_tokens or id_chars <= MIN_ID_CHARS:
+        smaller = _smaller(layout)
+        if tokens <= max_tokens or smaller is None:
             return text, tokens
-        if keys_shown > 5:
-            keys_shown //= 2
-        elif chars > 10:
-            chars //= 2
-        elif keys_shown or chars:
-            keys_shown, chars = 0, 0
-        else:
-            # Only a huge tool name or call id can still be over: they come from the
-            # caller, not the payload, but must not break the bound either.
-            id_chars //= 2
+        layout = smaller
 
 
-def _render(facts: NoticeFacts, keys_shown: int, preview_chars: int, id_chars: int) -> str:
+def _smaller(layout: _Layout) -> _Layout | None:
+    """The next layout to try, showing less; None when nothing is left to take away."""
+    if layout.keys > 5:
+        return replace(layout, keys=layout.keys // 2)
+    if layout.preview > 10:
+        return replace(layout, preview=layout.preview // 2)
+    if layout.hints:
+        return replace(layout, hints=layout.hints[:-1])
+    if layout.keys or layout.preview or layout.records:
+        return replace(layout, keys=0, preview=0, records=False)
+    if layout.id_chars:
+        return replace(layout, id_chars=layout.id_chars // 2)
+    if layout.path_chars:
+        return replace(layout, path_chars=layout.path_chars // 2)
+    return None
+
+
+def _render(facts: NoticeFacts, layout: _Layout) -> str:
+    ids = layout.id_chars
     reason = _REASONS[facts.reason].format(
         per_call=facts.per_call_limit, aggregate=facts.aggregate_limit
     )
     lines = [
         OPEN,
-        f"reason: {facts.reason} ({reason})",
-        f"tool: {_one_line(facts.tool, id_chars)}",
-        f"call_id: {_one_line(facts.call_id, id_chars)}",
-        f"path: {facts.path}",
+        f"reason: {facts.reason} ({_text(reason, max(ids, MAX_REASON_CHARS))})",
+        f"tool: {_text(facts.tool, ids)}",
+        f"call_id: {_text(facts.call_id, ids)}",
+        f"path: {_text(facts.path, layout.path_chars)}",
         f"bytes: {facts.size}",
         f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
-        f"sha256: {facts.sha256}",
+        f"sha256: {_text(facts.sha256, layout.path_chars)}",
         *([] if facts.redactions is None else [f"redactions: {facts.redactions}"]),
-        f"shape: {describe(facts.shape)}",
+        f"shape: {_text(describe(facts.shape), max(ids, MAX_REASON_CHARS))}",
     ]
-    if facts.shape.keys and keys_shown:
-        shown = [cut_head(k, MAX_KEY_CHARS) for k in facts.shape.keys[:keys_shown]]
+    if facts.shape.keys and layout.keys:
+        shown = [_cut(k, MAX_KEY_CHARS) for k in facts.shape.keys[: layout.keys]]
         more = len(facts.shape.keys) - len(shown)
         label = "columns" if facts.shape.kind == "csv" else "keys"
         suffix = f" (+{more} more)" if more else ""
         lines.append(f"{label}: {_quote(shown)}{suffix}")
     records = facts.shape.records if facts.shape.kind == "json_object" else None
-    if records is not None and (keys_shown or preview_chars):
-        lines.append(f"records: {path_text(records.path)}, {_counted(records)}")
+    if records is not None and layout.records:
+        path = tuple(_cut(key, MAX_KEY_CHARS) for key in records.path)
+        lines.append(f"records: {path_text(path)}, {_text(_counted(records), MAX_REASON_CHARS)}")
     if facts.shape.kind == "binary":
         lines.append(f"head_hex: {facts.binary_head[:BINARY_HEAD_BYTES].hex()}")
-    elif preview_chars:
-        if facts.length <= 2 * preview_chars:
+    elif layout.preview:
+        if facts.length <= 2 * layout.preview:
             head, tail = facts.start, ""
         else:
-            head, tail = cut_head(facts.start, preview_chars), cut_tail(facts.end, preview_chars)
+            head = cut_head(facts.start, layout.preview)
+            tail = cut_tail(facts.end, layout.preview)
         lines.append(f"head: {_quote(head)}")
         if tail:
             lines.append(f"tail: {_quote(tail)}")
-    lines.extend(f"hint: {hint.line()}" for hint in facts.hints)
+    lines.extend(f"hint: {hint.line()}" for hint in layout.hints)
     lines.append(CLOSE)
     return "\n".join(lines)
 
@@ -232,22 +276,32 @@ def cut_tail(text: str, chars: int) -> str:
     return ""
 
 
-def _one_line(value: str, max_chars: int) -> str:
-    if len(value) > max_chars:
-        value = cut_head(value, max_chars) + "…"
+def _cut(value: str, max_chars: int) -> str:
+    """At most max_chars characters of value, and "…" if that is not all of it."""
+    return value if len(value) <= max_chars else cut_head(value, max_chars) + "…"
+
+
+def _text(value: str, max_chars: int) -> str:
+    """A short value as it goes into a line: cut, and JSON-quoted unless printable."""
+    value = _cut(value, max_chars)
     return value if value.isprintable() else _quote(value)
 
 
-# JSON leaves these raw, but they end a line for str.splitlines (and for some readers),
-# so a payload holding one could split a field in two or forge the next.
-_LINE_BREAKS_JSON_KEEPS = str.maketrans(
-    {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-)
+_NOT_IN_A_LINE = regex.compile(r"[\p{Cc}\p{Zl}\p{Zp}\p{Cs}]")
+"""What no line of a notice holds: the controls (among them \\n, \\r, \\v, \\f, NUL, the
+separators \\x1c-\\x1e and U+0085 that str.splitlines and some readers end a line at),
+U+2028 and U+2029, and lone surrogates (no UTF-8 encoder takes them)."""
+
+
+def _is_hint_line(line: str) -> bool:
+    return len(line) <= MAX_HINT_CHARS and _NOT_IN_A_LINE.search(line) is None
 
 
 def _quote(value: object) -> str:
-    """JSON for one line of the notice: readable unicode, but never a line break."""
-    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
+    """JSON for one line of the notice: readable unicode, but what JSON leaves raw of
+    _NOT_IN_A_LINE (DEL, U+0085, U+2028, U+2029, lone surrogates) escaped as well."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _NOT_IN_A_LINE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
 def parse_notice(text: str) -> dict[str, str] | None:
