@@ -56,7 +56,9 @@ def _gate_slots(
 ) -> None:
     """Gate one step's results in place: each slot is (holder, key, call id, is_error).
 
-    Only offloaded or withheld results change; a result left inline is not rewritten.
+    An offloaded or withheld result gets its notice; one left inline is not rewritten
+    unless redaction replaced a secret in it (a redacting policy): then it gets the text
+    the gate redacted, which is what the access log's `redact` entry counts.
     Pages of spillbox's own read_artifact are never offloaded again (that would loop).
     """
     results = []
@@ -64,9 +66,10 @@ def _gate_slots(
         tool = names.get(call_id, DEFAULT_TOOL_NAME)
         content = _text_of(holder.get(key, ""))
         results.append(ToolResult(call_id, tool, content, is_error, tool != READ_ARTIFACT))
-    for (holder, key, _, _), admitted in zip(slots, task.admit(results), strict=True):
-        if admitted.reason is not None:
-            holder[key] = _with_text(holder.get(key, ""), admitted.text)
+    admitted = task.admit(results)
+    for (holder, key, _, _), result, item in zip(slots, results, admitted, strict=True):
+        if item.reason is not None or item.text != result.content:
+            holder[key] = _with_text(holder.get(key, ""), item.text)
 
 
 # OpenAI Chat Completions: {"role": "tool", "tool_call_id": ..., "content": str | [parts]}
@@ -191,16 +194,22 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
 
 
 def _with_text(content: Any, text: str) -> Any:
-    """content with its text replaced by text (a notice); non-text parts (images) stay.
-
-    A result left inline is never rewritten: only offloaded or withheld ones come here.
+    """content with its text replaced by text (a notice, or the redacted text): one text
+    part, where the first was (the gate counted the text parts as one, joined), and the
+    non-text parts (images) where they were.
     """
     parts = _parts(content)
-    others = [dict(p) for p in parts if p.get("type") not in _TEXT_PARTS]
-    if not others:
+    if all(p.get("type") in _TEXT_PARTS for p in parts):
         return text
-    kind = next((p["type"] for p in parts if p.get("type") in _TEXT_PARTS), "text")
-    return [{"type": kind, "text": text}, *others]
+    out: list[dict[str, Any]] = []
+    placed = False
+    for part in parts:
+        if part.get("type") not in _TEXT_PARTS:
+            out.append(dict(part))
+        elif not placed:
+            out.append({"type": part["type"], "text": text})
+            placed = True
+    return out if placed else [{"type": "text", "text": text}, *out]
 
 
 def _text_of(content: Any) -> str:
