@@ -22,6 +22,7 @@ from test_adapters import (
     PNG_URL,
     SDK_MESSAGE_TYPES,
     assert_valid_messages,
+    notice,
 )
 
 SECRETS = (github_pat, aws_id, slack_bot)
@@ -189,3 +190,56 @@ def test_without_redaction_a_small_result_is_given_back_as_it_was(
             )
     assert out.get("content", out.get("output")) == content
     assert replaced_in_log(task) == {}
+
+
+def document(text: str) -> dict[str, Any]:
+    """An Anthropic document block of plain text, as a tool_result's content may hold."""
+    return {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": text},
+        "title": "notes.txt",
+    }
+
+
+def test_a_document_in_a_tool_result_is_redacted(task: Task) -> None:
+    """A tool_result's document block is read by the model as its text is: it is redacted
+    too, and stays a document."""
+    blocks = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "d1",
+            "content": [
+                {"type": "text", "text": "the notes:"},
+                document(f"deploy with {github_pat}\n"),
+                IMAGE,
+            ],
+        }
+    ]
+    [out] = gate_anthropic(task, blocks)
+    assert leaked(out) == []
+    text, doc, image = out["content"]
+    assert text == {"type": "text", "text": "the notes:"}
+    assert doc["type"] == "document" and doc["title"] == "notes.txt"
+    assert doc["source"]["data"].startswith("deploy with [REDACTED:github_pat]")
+    assert image == IMAGE
+    assert marks(out) == replaced_in_log(task)["d1"] == 1
+    assert_valid_messages([{"role": "user", "content": [out]}], "anthropic")
+
+
+def test_a_large_document_behind_a_short_text_is_offloaded(task: Task) -> None:
+    body = "0123456789abcdef\n" * 100_000  # 1.7 MB
+    blocks = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "d2",
+            "content": [{"type": "text", "text": "see the report"}, document(body), IMAGE],
+        }
+    ]
+    [out] = gate_anthropic(task, blocks)
+    assert len(json.dumps(out)) < 10_000  # the document did not reach the model
+    fields = notice(out["content"])
+    assert fields["reason"].startswith("per_call")
+    assert out["content"][1:] == [IMAGE]
+    stored = json.loads(task.read(fields["path"]))
+    assert stored["text"] == "see the report" and stored["parts"] == [document(body)]
+    assert_valid_messages([{"role": "user", "content": [out]}], "anthropic")
