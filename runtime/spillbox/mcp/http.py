@@ -62,8 +62,8 @@ ENDPOINT = "/mcp"
 DEFAULT_SESSION_TIMEOUT_SECONDS = 1800.0
 """A session with no request in flight (and no open GET stream) this long is ended."""
 DEFAULT_MAX_SESSIONS = 8
-"""How many sessions may be open at once: each runs an upstream server of its own (38
-sessions of a small Python server took 2.5 GB)."""
+"""How many sessions may be open at once: each runs an upstream server of its own and has
+a task, so a client opening sessions without end would exhaust the machine's memory."""
 SHUTDOWN_GRACE_SECONDS = 5
 """On SIGINT or SIGTERM, how long requests in flight (and open SSE streams) are given."""
 BACKLOG = 128
