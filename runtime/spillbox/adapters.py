@@ -22,6 +22,7 @@ sandbox and leaves notices in their place; read_artifact opens them again.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -56,17 +57,23 @@ def _gate_slots(
 ) -> None:
     """Gate one step's results in place: each slot is (holder, key, call id, is_error).
 
-    Only offloaded or withheld results change; a result left inline is not rewritten.
+    What is gated of a result is its text and every part besides images (_counted). An
+    offloaded or withheld result gets its notice; one left inline is not rewritten unless
+    redaction replaced a secret in it (a redacting policy): then it gets the parts the
+    gate redacted, which is what the access log's `redact` entry counts.
     Pages of spillbox's own read_artifact are never offloaded again (that would loop).
     """
     results = []
     for holder, key, call_id, is_error in slots:
         tool = names.get(call_id, DEFAULT_TOOL_NAME)
-        content = _text_of(holder.get(key, ""))
+        content = _counted(holder.get(key, ""))
         results.append(ToolResult(call_id, tool, content, is_error, tool != READ_ARTIFACT))
-    for (holder, key, _, _), admitted in zip(slots, task.admit(results), strict=True):
-        if admitted.reason is not None:
-            holder[key] = _with_text(holder.get(key, ""), admitted.text)
+    admitted = task.admit(results)
+    for (holder, key, _, _), result, item in zip(slots, results, admitted, strict=True):
+        if item.reason is not None:
+            holder[key] = _with_text(holder.get(key, ""), item.text)
+        elif item.text != result.content:
+            holder[key] = _with_redacted(holder.get(key, ""), item.text)
 
 
 # OpenAI Chat Completions: {"role": "tool", "tool_call_id": ..., "content": str | [parts]}
@@ -112,7 +119,8 @@ def gate_anthropic(
 ) -> Any:
     """Gate the tool_result blocks of one step (a user message, or its list of blocks).
 
-    Non-text parts of a result (images) stay as they are; its text is gated.
+    Images in a result stay as they are; its text and its other parts (documents, search
+    results) are gated.
     """
     names = {
         str(b["id"]): b.get("name", DEFAULT_TOOL_NAME)
@@ -182,6 +190,9 @@ def image_part(url: str, fmt: Format) -> dict[str, Any]:
 
 
 _TEXT_PARTS = ("text", "input_text", "output_text")
+_IMAGE_PARTS = ("image", "input_image", "image_url")
+"""Parts the gate does not count: a model's cost for an image is not text tokens, and
+offloading one would not let the model see it. Every other part is counted."""
 
 
 def _parts(content: Any) -> list[Mapping[str, Any]]:
@@ -190,24 +201,76 @@ def _parts(content: Any) -> list[Mapping[str, Any]]:
     return [p for p in content if isinstance(p, Mapping)]
 
 
-def _with_text(content: Any, text: str) -> Any:
-    """content with its text replaced by text (a notice); non-text parts (images) stay.
-
-    A result left inline is never rewritten: only offloaded or withheld ones come here.
-    """
-    parts = _parts(content)
-    others = [dict(p) for p in parts if p.get("type") not in _TEXT_PARTS]
-    if not others:
-        return text
-    kind = next((p["type"] for p in parts if p.get("type") in _TEXT_PARTS), "text")
-    return [{"type": kind, "text": text}, *others]
+def _is_other(part: Mapping[str, Any]) -> bool:
+    """A part the gate counts that is not text: an Anthropic document or search_result, a
+    Responses input_file."""
+    return part.get("type") not in (*_TEXT_PARTS, *_IMAGE_PARTS)
 
 
-def _text_of(content: Any) -> str:
-    """The text of a content field: a string, or the text parts of a list of parts."""
+def _counted(content: Any) -> str:
+    """What the gate counts and stores of a content field: its text (a string, or its text
+    parts joined); where it has parts besides text and images, one JSON object of the text
+    and those parts, `{"text": ..., "parts": [...]}`, so that none of what the model reads
+    slips past the gate."""
     if isinstance(content, str):
         return content
-    return "".join(str(p.get("text", "")) for p in _parts(content) if p.get("type") in _TEXT_PARTS)
+    parts = _parts(content)
+    text = "".join(str(p.get("text", "")) for p in parts if p.get("type") in _TEXT_PARTS)
+    others = [dict(p) for p in parts if _is_other(p)]
+    return json.dumps({"text": text, "parts": others}, ensure_ascii=False) if others else text
+
+
+def _with_text(content: Any, text: str) -> Any:
+    """content with text (a notice) in place of what the gate counted: one text part, where
+    the first counted part was; the images where they were."""
+    parts = _parts(content)
+    kind = next((p["type"] for p in parts if p.get("type") in _TEXT_PARTS), None)
+    if kind is None:
+        kind = (
+            "input_text" if any(str(p.get("type")).startswith("input_") for p in parts) else "text"
+        )
+    out: list[dict[str, Any]] = []
+    placed = False
+    for part in parts:
+        if part.get("type") in _IMAGE_PARTS:
+            out.append(dict(part))
+        elif not placed:
+            out.append({"type": kind, "text": text})
+            placed = True
+    if not placed:
+        out.insert(0, {"type": kind, "text": text})
+    return text if len(out) == 1 else out
+
+
+def _with_redacted(content: Any, redacted: str) -> Any:
+    """content with each part the gate counted taken from redacted (the redacted text of
+    _counted(content)): its text parts as one, where the first was; its other parts in
+    their places. Where redacted does not read back into those parts, the redacted text
+    stands in their place, as a notice would."""
+    parts = _parts(content)
+    others = [p for p in parts if _is_other(p)]
+    if not others:
+        return _with_text(content, redacted)
+    try:
+        shown = json.loads(redacted)
+    except ValueError:
+        shown = None
+    if not isinstance(shown, dict) or not isinstance(shown.get("parts"), list):
+        return _with_text(content, redacted)
+    taken = [part for part in shown["parts"] if isinstance(part, dict)]
+    if len(taken) != len(others) or not isinstance(shown.get("text"), str):
+        return _with_text(content, redacted)
+    out: list[dict[str, Any]] = []
+    placed = False
+    for part in parts:
+        if _is_other(part):
+            out.append(taken.pop(0))
+        elif part.get("type") in _IMAGE_PARTS:
+            out.append(dict(part))
+        elif not placed:  # the text parts were counted joined: one holds them
+            out.append({"type": part["type"], "text": shown["text"]})
+            placed = True
+    return out
 
 
 # History compaction
@@ -230,7 +293,7 @@ def compact_history(
     slots = list(_result_slots(out))
     names = _call_names(out)
     for holder, key, call_id in slots[: max(len(slots) - keep_last, 0)]:
-        text = _text_of(holder[key])
+        text = _counted(holder[key])
         # "Under min_tokens?" costs time bounded by min_tokens, not by the result's size.
         small, _ = count_within(task.counter, text, min_tokens - 1)
         if parse_notice(text) is not None or (min_tokens > 0 and small):
@@ -246,7 +309,7 @@ def tool_results(messages: Sequence[Mapping[str, Any]]) -> list[ToolResult]:
     listed = [dict(m) for m in messages]
     names = _call_names(listed)
     return [
-        ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), _text_of(holder[key]))
+        ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), _counted(holder[key]))
         for holder, key, call_id in _result_slots(listed)
     ]
 

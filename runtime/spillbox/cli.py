@@ -239,6 +239,13 @@ def _listen_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="end a session with no request in flight this long (default 1800)",
     )
+    group.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help="how many sessions may be open at once, each with its own upstream (default 8); "
+        "an initialize past that gets 503",
+    )
 
 
 def _retention_flags(parser: argparse.ArgumentParser) -> None:
@@ -518,7 +525,10 @@ def _mcp(args: argparse.Namespace) -> int:
         "bound": mcp.STEP_BOUND_SECONDS if args.step_bound is None else args.step_bound,
         "url": args.url,
     }
-    listen = mcp.parse_listen(args.listen, args.allow_origin) if args.listen else None
+    listen = None
+    if args.listen:
+        most = mcp.DEFAULT_MAX_SESSIONS if args.max_sessions is None else args.max_sessions
+        listen = mcp.parse_listen(args.listen, args.allow_origin, most)
     # A long-lived server: garbage collection runs in the background, as in a harness.
     with Harness(sandbox=args.sandbox, home=args.home) as harness:
         if listen is None:

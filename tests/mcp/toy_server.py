@@ -1,17 +1,20 @@
 """A small MCP server (the official SDK's low-level Server over stdio) for what no real
 server does on demand: a structuredContent much larger than its text, a call that never
-answers, a result of a given size, a call that takes a given time. The MCP benchmark
+answers, a result of a given size, a call that takes a given time, a hostile result of any
+shape (`result` answers the CallToolResult it is given). The MCP benchmark
 (benchmarks/mcp_bench.py) uses it as its upstream too.
 
-    python toy_server.py [--cancelled FILE] [--pinged FILE]
+    python toy_server.py [--cancelled FILE] [--pinged FILE] [--output-schema JSON]
 
 --cancelled FILE: a call of `never` that is cancelled writes its request id to FILE.
 --pinged FILE: each ping the server answers adds a line to FILE.
+--output-schema JSON: the outputSchema the tool `result` declares.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -52,6 +55,11 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"status": {"type": "integer"}}},
     ),
     types.Tool(
+        name="result",
+        description="Answers `result`, a CallToolResult as the wire has it.",
+        input_schema={"type": "object", "properties": {"result": {"type": "object"}}},
+    ),
+    types.Tool(
         name="sleep",
         description="Answers `text` after `seconds`.",
         input_schema={
@@ -76,12 +84,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cancelled", type=Path)
     parser.add_argument("--pinged", type=Path)
+    parser.add_argument("--output-schema", type=json.loads)
     options = parser.parse_args()
+    tools = [
+        tool.model_copy(update={"output_schema": options.output_schema})
+        if tool.name == "result"
+        else tool
+        for tool in TOOLS
+    ]
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOLS)
+        return types.ListToolsResult(tools=tools)
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -112,6 +127,8 @@ def main() -> None:
             return types.CallToolResult(content=[types.TextContent(text=text)])
         if params.name == "exit":
             os._exit(int(args.get("status", 0)))
+        if params.name == "result":
+            return types.CallToolResult.model_validate(args["result"])
         if params.name == "sleep":
             await anyio.sleep(float(args.get("seconds", 0)))
             text = str(args.get("text", "done"))

@@ -26,6 +26,7 @@ from functools import partial
 import anyio
 
 from spillbox.mcp.http import (
+    DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TIMEOUT_SECONDS,
     Connect,
     Listen,
@@ -39,6 +40,7 @@ from spillbox.mcp.upstream import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
 from spillbox.protocols import TaskHandle
 
 __all__ = [
+    "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_TIMEOUT_SECONDS",
     "DEFAULT_UPSTREAM_TIMEOUT_SECONDS",
     "STEP_BOUND_SECONDS",

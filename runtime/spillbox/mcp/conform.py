@@ -33,10 +33,11 @@ def conforming(schema: Mapping[str, Any], notice: str) -> dict[str, Any] | None:
         return None
     if not filler.placed and schema.get("additionalProperties", True) is not False:
         value[NOTICE_KEY] = notice
-    return value if _valid(schema, value) else None
+    return value if valid(schema, value) else None
 
 
-def _valid(schema: Mapping[str, Any], value: Any) -> bool:
+def valid(schema: Mapping[str, Any], value: Any) -> bool:
+    """Whether schema (a JSON Schema) accepts value; False for a schema that is not valid."""
     try:
         cls = validator_for(schema)
         cls.check_schema(schema)
@@ -104,7 +105,7 @@ class _Filler:
         for option in options if isinstance(options, list) else ():
             placed = self.placed
             value = self.fill(option, depth + 1)
-            if isinstance(option, Mapping) and _valid(option, value):
+            if isinstance(option, Mapping) and valid(option, value):
                 return value
             self.placed = placed
         return None

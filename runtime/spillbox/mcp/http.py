@@ -13,6 +13,9 @@ checked (DNS rebinding: a page in a browser must not reach sandbox_exec): anothe
 gets 403, another host 421. A request whose MCP-Protocol-Version this server does not
 speak gets 400, an unknown or ended session 404.
 
+At most max_sessions sessions are open at once (each has an upstream process and a task):
+an initialize past that gets 503, and opens no task and starts no upstream.
+
 A session ends when its client deletes it, when it has had no request in flight for
 session_timeout seconds, or when the server stops; its upstream is then stopped and its
 task closed, which applies the task's retention (keep_after_close).
@@ -58,6 +61,9 @@ from spillbox.protocols import TaskHandle
 ENDPOINT = "/mcp"
 DEFAULT_SESSION_TIMEOUT_SECONDS = 1800.0
 """A session with no request in flight (and no open GET stream) this long is ended."""
+DEFAULT_MAX_SESSIONS = 8
+"""How many sessions may be open at once: each runs an upstream server of its own and has
+a task, so a client opening sessions without end would exhaust the machine's memory."""
 SHUTDOWN_GRACE_SECONDS = 5
 """On SIGINT or SIGTERM, how long requests in flight (and open SSE streams) are given."""
 BACKLOG = 128
@@ -78,6 +84,8 @@ class Listen:
     port: int
     allowed_origins: Sequence[str] = ()
     """Origins besides this server's own that may send requests (a browser-based client)."""
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    """How many MCP sessions may be open at once; an initialize past that gets 503."""
 
     def security(self, port: int) -> TransportSecuritySettings:
         """Host and Origin checks for the port actually bound."""
@@ -89,7 +97,9 @@ class Listen:
         )
 
 
-def parse_listen(value: str, allowed_origins: Sequence[str] = ()) -> Listen:
+def parse_listen(
+    value: str, allowed_origins: Sequence[str] = (), max_sessions: int = DEFAULT_MAX_SESSIONS
+) -> Listen:
     """HOST:PORT, where HOST is a loopback address: spillbox serves no authentication, so
     serving sandbox_exec to the network would hand it to anyone who can connect."""
     host, _, port = value.rpartition(":")
@@ -108,7 +118,9 @@ def parse_listen(value: str, allowed_origins: Sequence[str] = ()) -> Listen:
                 f"--allow-origin {origin}: give an origin, scheme and host (and port) only, "
                 "for example http://localhost:6274"
             )
-    return Listen(host, int(port), tuple(allowed_origins))
+    if max_sessions < 1:
+        raise ConfigError(f"--max-sessions {max_sessions}: give 1 or more")
+    return Listen(host, int(port), tuple(allowed_origins), max_sessions)
 
 
 def _loopback(host: str) -> bool:
@@ -130,6 +142,7 @@ class Sessions:
         security: TransportSecuritySettings,
         group: anyio.abc.TaskGroup,
         session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self.open_task = open_task
         self.connect = connect
@@ -137,7 +150,10 @@ class Sessions:
         self.checks = TransportSecurityMiddleware(security)
         self.group = group
         self.session_timeout = session_timeout
+        self.max_sessions = max_sessions
         self.live: dict[str, StreamableHTTPServerTransport] = {}
+        self.opening = 0
+        """Sessions whose task is being opened (not yet in live): they count against the cap."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -175,6 +191,23 @@ class Sessions:
             refused = _error("Bad Request: no Mcp-Session-Id; send initialize first", 400)
             await refused(scope, receive, send)
             return
+        if len(self.live) + self.opening >= self.max_sessions:
+            idle = (
+                f" or wait until one has been idle for {self.session_timeout:g} s "
+                "(--session-timeout)"
+                if self.session_timeout
+                else ""
+            )
+            full = _error(
+                f"Service Unavailable: {self.max_sessions} MCP sessions are open, the most "
+                "this server takes (--max-sessions); end one (HTTP DELETE, as the SDK "
+                f"clients do on close){idle}",
+                503,
+                types.INTERNAL_ERROR,
+            )
+            await full(scope, receive, send)
+            return
+        self.opening += 1  # no await between the check and this: sessions cannot overtake
         try:
             task = await anyio.to_thread.run_sync(self.open_task)
         except Exception as e:  # noqa: BLE001 - the client is told; the server goes on
@@ -182,6 +215,8 @@ class Sessions:
             print(f"spillbox: {message}", file=sys.stderr)
             await _error(message, 500, types.INTERNAL_ERROR)(scope, receive, send)
             return
+        finally:
+            self.opening -= 1
         transport = StreamableHTTPServerTransport(
             mcp_session_id=uuid4().hex,
             security_settings=self.security,
@@ -251,7 +286,9 @@ async def serve_http(
         raise ConfigError(f"--listen {listen.host}:{listen.port}: {e.strerror}") from None
     port = sock.getsockname()[1]
     async with anyio.create_task_group() as group:
-        sessions = Sessions(open_task, connect, listen.security(port), group, session_timeout)
+        sessions = Sessions(
+            open_task, connect, listen.security(port), group, session_timeout, listen.max_sessions
+        )
         config = uvicorn.Config(
             RequestBodyLimitMiddleware(sessions, DEFAULT_MAX_REQUEST_BODY_SIZE),
             lifespan="off",
