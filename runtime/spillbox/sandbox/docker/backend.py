@@ -74,9 +74,9 @@ DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 MAX_CODE_BYTES = 256 * 1024
 CREATE_ATTEMPTS = 5
 REMOVAL_SECONDS = 30.0
+"""How long a container that is being removed may take to go, before a new one replaces it."""
 STOP_SECONDS = 2
 """How long a stopped task's processes get after SIGTERM (tini passes it on) before KILL."""
-"""How long a container that is being removed may take to go, before a new one replaces it."""
 
 
 @dataclass(frozen=True)
