@@ -111,6 +111,22 @@ def test_a_replacement_takes_whole_escapes_only() -> None:
     assert doc == {"a": "[REDACTED:github_pat]é", "b": 'say "[REDACTED:slack_bot_token]" twice'}
 
 
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_a_secret_is_replaced_exactly_whatever_escapes_surround_it(ascii_only: bool) -> None:
+    """Spans carried back from the decoded text land on the secret's own bytes, both
+    where every escape is two bytes for one and where some are \\uXXXX or a pair."""
+    around = ["\n", "\\", '"', "é", "😀", "\\u0041", '\t"\\']
+    around += ["\ud800"] if ascii_only else []  # a lone surrogate: only as an escape
+    for before in around:
+        for after in around:
+            text = f"{before}x {before}{github_pat} {after}y{after}"
+            raw = json.dumps({"v": [text, text]}, ensure_ascii=ascii_only)
+            doc, counts = _redacted_json(raw)
+            expected = text.replace(github_pat, "[REDACTED:github_pat]")
+            assert doc == {"v": [expected, expected]}, (before, after)
+            assert counts == {"github_pat": 2}
+
+
 def test_the_decoded_text_is_what_a_json_parser_reads() -> None:
     """The decoder that carries spans back agrees with json.loads, escape by escape."""
     for content in (

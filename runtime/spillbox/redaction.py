@@ -108,6 +108,9 @@ _ESCAPE = re.compile(
     rb"\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})"
     rb"|u([0-9a-fA-F]{4})|([\"\\/bfnrt])|[^\n])"
 )
+# A backslash before anything but a two-for-one escape's letter (conservative: in \\u0041
+# the backslashes are one escape and "u0041" is text, but it is taken for \u0041 here).
+_NOT_TWO_FOR_ONE = re.compile(rb'\\[^"\\/bfnrt]')
 _ESCAPED_CHAR = {
     b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r",
     b"t": b"\t",
@@ -379,7 +382,8 @@ def _find(data: bytes, depth: int) -> list[_Span]:
         offsets.append(at)
         at += len(text) + 1
     escapes: dict[int, _Escapes] = {}
-    for inner in _find(b"\n".join(decoded), depth + 1):
+    # In order, so that each string's places are found from the one before (_counted).
+    for inner in sorted(_find(b"\n".join(decoded), depth + 1)):
         i = bisect_right(offsets, inner.start) - 1
         if i not in escapes:
             escapes[i] = _Escapes(data[literals[i][0] + 1 : literals[i][1] - 1], decoded[i])
@@ -412,11 +416,17 @@ def _escaped_literals(data: bytes, places: list[int]) -> list[tuple[int, int]]:
     return found
 
 
-def _escaped(data: bytes, at: int) -> bool:
-    """Whether an odd run of backslashes ends just before `at`."""
+def _escaped(data: bytes, at: int, floor: int = 0) -> bool:
+    """Whether an odd run of backslashes (from `floor` on) ends just before `at`. Counted a
+    chunk at a time in C: a string nested deep has tens of thousands before a quote."""
     run = 0
-    while at - run > 0 and data[at - run - 1] == 0x5C:
-        run += 1
+    while at > floor:
+        chunk = data[max(floor, at - 4096) : at]
+        kept = len(chunk.rstrip(b"\\"))
+        run += len(chunk) - kept
+        if kept:
+            break
+        at -= len(chunk)
     return run % 2 == 1
 
 
@@ -458,8 +468,15 @@ class _Escapes:
     text: to carry a span found in the text back onto the escaped bytes."""
 
     def __init__(self, raw: bytes, text: bytes) -> None:
+        self.raw = raw
         self.size = len(text)
-        matches = list(_ESCAPE.finditer(raw))
+        # Escapes all two bytes for one (\", \\, \n: the usual, and all a string nested
+        # deep holds): a place is found by counting backslashes in C, not escape by escape.
+        self.simple = _NOT_TWO_FOR_ONE.search(raw) is None
+        self.known, self.known_raw = [0], [0]  # places found so far, in the text and raw
+        # An escape JSON does not know stands for itself: byte for byte, no escape.
+        found = () if self.simple else _ESCAPE.finditer(raw)
+        matches = [match for match in found if match.lastindex]
         self.raw_starts = [match.start() for match in matches]
         self.raw_ends = [match.end() for match in matches]
         self.text_sizes = [len(_unescaped(match)) for match in matches]
@@ -490,6 +507,8 @@ class _Escapes:
         )
 
     def _raw(self, place: int, wide: bool) -> int:
+        if self.simple:
+            return self._counted(place)
         i = bisect_right(self.text_starts, place) - 1
         if i < 0:
             return place
@@ -498,6 +517,30 @@ class _Escapes:
         if place == text_start or (place < text_end and not wide):
             return raw_start
         return raw_end + max(0, place - text_end)
+
+    def _counted(self, place: int) -> int:
+        """Where the text's byte `place` begins in the raw bytes, every escape being two
+        bytes for one: halving from the nearest place found before, counting in C."""
+        i = bisect_right(self.known, place) - 1
+        text_base, raw_base = self.known[i], self.known_raw[i]
+        want = place - text_base
+        low, high = raw_base + want, min(raw_base + 2 * want, len(self.raw))
+        while low < high:
+            middle = (low + high) // 2
+            if self._units(raw_base, middle) >= want:
+                high = middle
+            else:
+                low = middle + 1
+        self.known.insert(i + 1, place)
+        self.known_raw.insert(i + 1, low)
+        return low
+
+    def _units(self, start: int, end: int) -> int:
+        """The text's bytes that raw[start:end] decodes to (start being an escape's start):
+        each escape holds one backslash that escapes, plus an escaped one in each pair."""
+        backslashes = self.raw.count(b"\\", start, end)
+        escapes = backslashes - self.raw.count(b"\\\\", start, end)
+        return end - start - escapes
 
 
 def _unescape(raw: bytes) -> bytes:
@@ -753,7 +796,7 @@ def _apply(data: bytes, spans: list[_Span]) -> tuple[bytes, Counter[str]]:
 def _whole_escapes(data: bytes, start: int, end: int) -> int:
     """The span's end moved back off a trailing backslash: never cut a JSON escape in two
     (that backslash would escape the quote after)."""
-    while end > start and _escaped(data[start:end], end - start):
+    while end > start and _escaped(data, end, start):
         end -= 1
     return end
 
