@@ -234,6 +234,15 @@ def test_stderr_reaches_the_model_redacted_under_a_redacting_policy(harness: Har
     assert codemode.run(plain, _raw(error.encode()), "sql", "SELECT 1", 5.0).stderr == error
 
 
+def test_notes_on_output_files_reach_the_model_redacted(harness: Harness) -> None:
+    """A script names its output files: a note quotes the name it chose."""
+    note = f"export-{github_pat}.csv: not taken: over the size limit"
+    task = harness.task("t1", retention=Retention(redact=True))
+    raw = RawExec(0, b"", b"", False, False, file_notes=(note,))
+    result = codemode.run(task, lambda *args: raw, "sh", "true", 5.0)
+    assert result.file_notes == (note.replace(github_pat, "[REDACTED:github_pat]"),)
+
+
 def test_a_long_stderr_is_redacted_before_it_is_cut_to_its_ends(harness: Harness) -> None:
     """A secret across the cut would reach the model as two pieces no rule knows."""
     cut = codemode.STDERR_HEAD_CHARS
