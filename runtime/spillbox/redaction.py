@@ -46,7 +46,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from itertools import accumulate
 from pathlib import Path
 
 import hyperscan
@@ -98,23 +97,19 @@ _KIND_BY_NAME: tuple[tuple[re.Pattern[bytes], str], ...] = (
 # read decoded (_escaped_key_spans); JSON nested in a string is read in its decoded text.
 _JSON_KEY = re.compile(rb'"([^"\\\n]{0,%d})"\s*:\s*' % KEY_CHARS)
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-# A JSON string with at least one escape. Lenient, as text that is not JSON has such
-# strings too: any character may follow a backslash, and one that JSON does not know
-# stands for itself. No raw line break: JSON has none in a string, and a stray quote in a
-# log line must not pair with one lines away.
-_ESCAPED_LITERAL = re.compile(rb'"[^"\\\n]*(?:\\[^\n][^"\\\n]*)+"')
 # One escape: a surrogate pair (one character), \uXXXX, one JSON knows, or any other.
 _ESCAPE = re.compile(
     rb"\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})"
     rb"|u([0-9a-fA-F]{4})|([\"\\/bfnrt])|[^\n])"
 )
-# A backslash before anything but a two-for-one escape's letter (conservative: in \\u0041
-# the backslashes are one escape and "u0041" is text, but it is taken for \u0041 here).
-_NOT_TWO_FOR_ONE = re.compile(rb'\\[^"\\/bfnrt]')
 _ESCAPED_CHAR = {
     b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r",
     b"t": b"\t",
 }  # fmt: skip
+_BARE_QUOTE = re.compile(rb'"(?<!\\")')
+"""A quote with no backslash before it (as a lookbehind after the quote: found in C)."""
+# A quote, then (reversed) a byte that comes before a JSON string or a quoted log value.
+_REVERSED_OPENING = re.compile(rb'"[:,\[{ \n\t\r=(>]')
 _KEY_COLON = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*")
 _JSON_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
@@ -386,7 +381,7 @@ def _find(data: bytes, depth: int) -> list[_Span]:
     for inner in sorted(_find(b"\n".join(decoded), depth + 1)):
         i = bisect_right(offsets, inner.start) - 1
         if i not in escapes:
-            escapes[i] = _Escapes(data[literals[i][0] + 1 : literals[i][1] - 1], decoded[i])
+            escapes[i] = _Escapes(data[literals[i][0] + 1 : literals[i][1] - 1], len(decoded[i]))
         span = escapes[i].raw_span(inner, offsets[i], literals[i][0] + 1)
         if span is not None:
             spans.append(span)
@@ -395,25 +390,56 @@ def _find(data: bytes, depth: int) -> list[_Span]:
 
 def _escaped_literals(data: bytes, places: list[int]) -> list[tuple[int, int]]:
     """The JSON strings with escapes that hold one of the places (a match's end), each
-    found from a place: its opening quote is the first quote before it that no backslash
-    escapes. Decoding any other string changes only whitespace, quotes, backslashes and
-    non-ASCII letters, where no rule can begin: the places include the escapes that could
-    hide one (`\\u00XX` of an ASCII character, `\\/`, an escaped space after Bearer)."""
+    found from a place: in JSON its opening quote is the first quote before it with no
+    backslash before it (a quote inside a string has one). Decoding any other string
+    changes only whitespace, quotes, backslashes and non-ASCII letters, where no rule can
+    begin: the places include the escapes that could hide one (`\\u00XX` of a trigger's
+    character, `\\/`, an escape after Bearer)."""
     found: list[tuple[int, int]] = []
     floor = 0  # no string that holds a later place begins before this
     for end in places:
         place = end - 1
         if place < floor:
             continue
-        quote = data.rfind(b'"', floor, place)
-        while quote > floor and _escaped(data, quote):
-            quote = data.rfind(b'"', floor, quote)
+        quote = _opening_quote(data, floor, place)
         floor = place
-        literal = _ESCAPED_LITERAL.match(data, quote) if quote >= 0 else None
-        if literal is not None and literal.end() > end:
-            found.append((quote, literal.end()))
-            floor = literal.end()
+        close = _closing_quote(data, quote + 1) if quote >= 0 else -1
+        # No line break inside: a stray quote in a log must not pair with one lines away.
+        if close >= end and data.find(b"\\", quote, close) >= 0:
+            if data.find(b"\n", quote, close) < 0:
+                found.append((quote, close + 1))
+                floor = close + 1
     return found
+
+
+def _opening_quote(data: bytes, floor: int, place: int) -> int:
+    """The last quote in data[floor:place] after one of the bytes that come before a JSON
+    string (or at the start), or -1. A quote inside a string has a backslash before it,
+    so in JSON this is the opening quote of the string `place` is in. Looked for in C, in
+    reversed windows growing from `place`: a long string may hold a million \\" first."""
+    reach = 4096
+    while True:
+        start = max(floor, place - reach)
+        found = _REVERSED_OPENING.search(data[start:place][::-1])
+        if found is not None:
+            return place - 1 - found.start()
+        if start == floor:
+            return 0 if floor == 0 and data.startswith(b'"') else -1
+        reach *= 8
+
+
+def _closing_quote(data: bytes, start: int) -> int:
+    """The first quote from `start` (just inside a string) on that no backslash escapes,
+    or -1: in C, as a long string may hold a million \\" first."""
+    bare = _BARE_QUOTE.search(data, start)
+    limit = bare.start() if bare is not None else len(data)
+    after_backslashes = data.find(b'\\\\"', start, limit)  # an escaped backslash, then?
+    while after_backslashes >= 0:
+        quote = after_backslashes + 2
+        if not _escaped(data, quote, start):
+            return quote
+        after_backslashes = data.find(b'\\\\"', quote, limit)
+    return limit if bare is not None else -1
 
 
 def _escaped(data: bytes, at: int, floor: int = 0) -> bool:
@@ -464,32 +490,16 @@ def _escaped_key_spans(
 
 
 class _Escapes:
-    """Where each escape of one JSON string's content is, in its bytes and in its decoded
-    text: to carry a span found in the text back onto the escaped bytes."""
+    """One JSON string's escaped bytes, and where places of its decoded text are in them:
+    to carry a span found in the text back onto whole escapes. A place is found from the
+    nearest one found before, by decoding the bytes between in chunks (json, in C), not
+    escape by escape: one string can hold millions of escapes."""
 
-    def __init__(self, raw: bytes, text: bytes) -> None:
+    def __init__(self, raw: bytes, size: int) -> None:
         self.raw = raw
-        self.size = len(text)
-        # Escapes all two bytes for one (\", \\, \n: the usual, and all a string nested
-        # deep holds): a place is found by counting backslashes in C, not escape by escape.
-        self.simple = _NOT_TWO_FOR_ONE.search(raw) is None
+        self.size = size
+        """The decoded text's length."""
         self.known, self.known_raw = [0], [0]  # places found so far, in the text and raw
-        # An escape JSON does not know stands for itself: byte for byte, no escape.
-        found = () if self.simple else _ESCAPE.finditer(raw)
-        matches = [match for match in found if match.lastindex]
-        self.raw_starts = [match.start() for match in matches]
-        self.raw_ends = [match.end() for match in matches]
-        self.text_sizes = [len(_unescaped(match)) for match in matches]
-        shrunk = accumulate(
-            (end - start - size for start, end, size in zip(
-                self.raw_starts, self.raw_ends, self.text_sizes, strict=True
-            )),
-            initial=0,
-        )  # fmt: skip
-        # shrunk has one more (the total): zip stops at the last escape.
-        self.text_starts = [
-            start - less for start, less in zip(self.raw_starts, shrunk, strict=False)
-        ]
 
     def raw_span(self, span: _Span, offset: int, content: int) -> _Span | None:
         """The span (found at `offset` in a text of joined strings) over this string's
@@ -507,40 +517,54 @@ class _Escapes:
         )
 
     def _raw(self, place: int, wide: bool) -> int:
-        if self.simple:
-            return self._counted(place)
-        i = bisect_right(self.text_starts, place) - 1
-        if i < 0:
-            return place
-        text_start, raw_start, raw_end = self.text_starts[i], self.raw_starts[i], self.raw_ends[i]
-        text_end = text_start + self.text_sizes[i]
-        if place == text_start or (place < text_end and not wide):
-            return raw_start
-        return raw_end + max(0, place - text_end)
-
-    def _counted(self, place: int) -> int:
-        """Where the text's byte `place` begins in the raw bytes, every escape being two
-        bytes for one: halving from the nearest place found before, counting in C."""
+        """Where the text's byte `place` begins in the raw bytes; inside the bytes that one
+        escape decodes to, that escape's start (or, wide, its end)."""
+        raw = self.raw
         i = bisect_right(self.known, place) - 1
-        text_base, raw_base = self.known[i], self.known_raw[i]
-        want = place - text_base
-        low, high = raw_base + want, min(raw_base + 2 * want, len(self.raw))
-        while low < high:
-            middle = (low + high) // 2
-            if self._units(raw_base, middle) >= want:
-                high = middle
-            else:
-                low = middle + 1
+        text_at, at = self.known[i], self.known_raw[i]
+        while text_at < place:
+            # No raw byte decodes to more than one: this many raw bytes never pass `place`.
+            end = _escape_boundary(raw, at, min(len(raw), at + place - text_at))
+            if end > at:
+                text_at += _text_size(raw[at:end])
+                at = end
+                continue
+            escape = _ESCAPE.match(raw, at)  # one escape, longer than what is left
+            if escape is None or escape.lastindex is None:
+                text_at, at = text_at + 1, at + 1  # one JSON does not know: byte for byte
+                continue
+            size = len(_unescaped(escape))
+            if text_at + size > place:
+                return escape.end() if wide else at
+            text_at, at = text_at + size, escape.end()
         self.known.insert(i + 1, place)
-        self.known_raw.insert(i + 1, low)
-        return low
+        self.known_raw.insert(i + 1, at)
+        return at
 
-    def _units(self, start: int, end: int) -> int:
-        """The text's bytes that raw[start:end] decodes to (start being an escape's start):
-        each escape holds one backslash that escapes, plus an escaped one in each pair."""
-        backslashes = self.raw.count(b"\\", start, end)
-        escapes = backslashes - self.raw.count(b"\\\\", start, end)
-        return end - start - escapes
+
+def _escape_boundary(raw: bytes, start: int, end: int) -> int:
+    """end, or the start of the escape it would cut (a surrogate pair is one escape);
+    start is where one begins."""
+    look = max(start, end - 12)
+    backslash = raw.rfind(b"\\", look, end)
+    while backslash >= look:
+        if not _escaped(raw, backslash, start):
+            pair = backslash - 6  # this one may be the second half of a pair
+            if pair >= start and not _escaped(raw, pair, start):
+                first = _ESCAPE.match(raw, pair)
+                backslash = pair if first is not None and first.lastindex == 2 else backslash
+            escape = _ESCAPE.match(raw, backslash)
+            return backslash if escape is not None and escape.end() > end else end
+        backslash = raw.rfind(b"\\", look, backslash)
+    return end
+
+
+def _text_size(raw: bytes) -> int:
+    """The length of whole escaped bytes decoded, in C where they are JSON."""
+    try:
+        return len(json.loads(b'"' + raw + b'"', strict=False).encode("utf-8", "surrogatepass"))
+    except ValueError:
+        return len(_unescape(raw))
 
 
 def _unescape(raw: bytes) -> bytes:
