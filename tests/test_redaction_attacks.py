@@ -127,6 +127,24 @@ def test_a_secret_is_replaced_exactly_whatever_escapes_surround_it(ascii_only: b
             assert counts == {"github_pat": 2}
 
 
+def test_a_string_is_bounded_right_past_escaped_backslashes_and_many_quotes() -> None:
+    """A string ending in an escaped backslash ends at the quote after it; a secret after
+    ten thousand escaped quotes is in the string those quotes are in."""
+    doc = {
+        "a": "C:\\temp\\",
+        "b": ' "x"' * 10_000 + f" key={github_pat}",
+        "c": f"{github_pat}\\",
+        "d": "\\",
+    }
+    out, counts = _redacted_json(json.dumps(doc))
+    assert out == {
+        **doc,
+        "b": ' "x"' * 10_000 + " key=[REDACTED:github_pat]",
+        "c": "[REDACTED:github_pat]\\",
+    }
+    assert counts == {"github_pat": 2}
+
+
 def test_the_decoded_text_is_what_a_json_parser_reads() -> None:
     """The decoder that carries spans back agrees with json.loads, escape by escape."""
     for content in (

@@ -28,6 +28,8 @@ Speed: one Hyperscan pass over the bytes finds every place a rule could match (g
 keywords, as gitleaks does with Aho-Corasick); the rules' regexes then run only around
 those places. A 40 MB payload takes a few tens of milliseconds more than the scan itself
 when it holds few candidates (benchmarks/gate_bench.py reports it against the store floor).
+A JSON string with escapes is decoded only when it holds a candidate place or an escape
+that could hide one, and then whole (json, in C).
 """
 
 from __future__ import annotations
@@ -377,7 +379,7 @@ def _find(data: bytes, depth: int) -> list[_Span]:
         offsets.append(at)
         at += len(text) + 1
     escapes: dict[int, _Escapes] = {}
-    # In order, so that each string's places are found from the one before (_counted).
+    # In order, so that each place in a string is found from the one before (_Escapes).
     for inner in sorted(_find(b"\n".join(decoded), depth + 1)):
         i = bisect_right(offsets, inner.start) - 1
         if i not in escapes:
@@ -390,8 +392,7 @@ def _find(data: bytes, depth: int) -> list[_Span]:
 
 def _escaped_literals(data: bytes, places: list[int]) -> list[tuple[int, int]]:
     """The JSON strings with escapes that hold one of the places (a match's end), each
-    found from a place: in JSON its opening quote is the first quote before it with no
-    backslash before it (a quote inside a string has one). Decoding any other string
+    found from a place (_opening_quote, _closing_quote). Decoding any other string
     changes only whitespace, quotes, backslashes and non-ASCII letters, where no rule can
     begin: the places include the escapes that could hide one (`\\u00XX` of a trigger's
     character, `\\/`, an escape after Bearer)."""
@@ -405,10 +406,10 @@ def _escaped_literals(data: bytes, places: list[int]) -> list[tuple[int, int]]:
         floor = place
         close = _closing_quote(data, quote + 1) if quote >= 0 else -1
         # No line break inside: a stray quote in a log must not pair with one lines away.
-        if close >= end and data.find(b"\\", quote, close) >= 0:
-            if data.find(b"\n", quote, close) < 0:
-                found.append((quote, close + 1))
-                floor = close + 1
+        escaped = close >= end and data.find(b"\\", quote, close) >= 0
+        if escaped and data.find(b"\n", quote, close) < 0:
+            found.append((quote, close + 1))
+            floor = close + 1
     return found
 
 
