@@ -340,6 +340,40 @@ POSITIVES: dict[str, list[tuple[str, list[str]]]] = {
             [field_password, env_password],
         ),
     ],
+    # A JSON encoder may escape any character (\\u00XX), Go's & and Gson's = in a URL,
+    # PHP's /; and JSON is often a string in JSON in a string.
+    "json_escapes": [
+        (
+            '{"note": "rotate ' + github_app.replace("s", "\\u0073", 1) + '", '
+            '"pass\\u0077ord": "' + field_password + '"}',
+            [github_app, field_password],
+        ),
+        (
+            json.dumps(
+                {
+                    "callback": f"https://app.example.com/cb?state=1&access_token={bearer1}",
+                    "dsn": f"postgres://app:{yaml_token}@db.internal:5432/app",
+                }
+            )
+            .replace("&", "\\u0026")
+            .replace("/", "\\/"),
+            [bearer1, yaml_token],
+        ),
+    ],
+    "nested_json": [
+        (
+            json.dumps(
+                {"body": json.dumps({"data": json.dumps({"client_secret": field_client_secret})})}
+            ),
+            [field_client_secret],
+        ),
+        (
+            json.dumps(
+                [{"log": json.dumps({"req": json.dumps({"Authorization": f"Bearer {bearer2}"})})}]
+            ),
+            [bearer2],
+        ),
+    ],
 }
 
 
@@ -397,6 +431,27 @@ NEGATIVES: dict[str, list[str]] = {
         ),
         "Rotate the API key every 90 days; the password policy needs 12 characters and the "
         "token expires after an hour. See docs/secrets.md for the secret store.",
+    ],
+    "escaped_json": [
+        json.dumps(
+            [
+                {"body": f'<p>See <a href="https://example.com/{i}">#{i}</a> & more</p>'}
+                for i in range(40)
+            ]
+        )
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026"),
+        json.dumps(
+            {
+                "result": json.dumps(
+                    {
+                        "usage": {"total_tokens": 812, "token_type": "bearer"},
+                        "path": "C:\\Users\\ann\\AppData\\token_cache",
+                    }
+                )
+            }
+        ),
     ],
 }
 

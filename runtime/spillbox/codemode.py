@@ -25,6 +25,7 @@ from spillbox.errors import ExecError, SpillboxError
 from spillbox.notice import Hint
 from spillbox.profile import path_text
 from spillbox.protocols import TaskHandle
+from spillbox.redaction import redact
 from spillbox.types import (
     IMAGE_TYPES,
     LANGS,
@@ -79,8 +80,19 @@ def run(
         row for row in task.artifacts(include_deleted=True)
         if row.artifact_id in code or row.name in code
     ]  # fmt: skip
-    raw = raw_exec(lang, code, timeout, call)
+    try:
+        raw = raw_exec(lang, code, timeout, call)
+    except SpillboxError as e:
+        if not task.retention.redact:
+            raise
+        # The engine's own words can quote what it read; the original (with any secret)
+        # is not chained on, as a traceback would show it.
+        raise type(e)(redact(str(e))[0], retryable=e.retryable) from None
     stderr = raw.stderr.decode("utf-8", "replace")
+    if task.retention.redact:
+        # stderr reaches the model beside the gated stdout: a traceback or a failed CAST
+        # quotes the values it choked on. Redacted whole, before it is cut to its ends.
+        stderr = redact(stderr)[0]
     for row in referenced:
         if row.state == "live":
             task.accessed(row, "query", f"sandbox_exec.{lang}")
@@ -90,6 +102,8 @@ def run(
         [ToolResult(call_id=f"exec-{lang}", tool=f"sandbox_exec.{lang}", content=raw.stdout)]
     )
     files, images, notes = keep_files(task, raw, f"sandbox_exec.{lang}")
+    if task.retention.redact:
+        notes = tuple(redact(note)[0] for note in notes)  # they name what the script wrote
     return ExecResult(
         exit_code=raw.exit_code,
         text=admitted.text,

@@ -64,14 +64,14 @@ def offload(
     result, data, text = request.result, request.data, request.text
     redaction = redacted
     if redaction is None and dest.retention.redact:
-        if text is None:
-            redaction = Redaction(data, scanned=False)  # binary: no text to scan, logged so
-        else:
-            # Everything after this point (stored bytes, shape, keys, previews, hints,
-            # token count) comes from the redacted payload: the notice shows no secret.
-            redaction = redact_payload(data)
-            if redaction.count:
-                data = redaction.data
+        # Text or not: a payload that is not UTF-8 or holds a NUL is scanned as its bytes,
+        # so neither the store nor the notice's head_hex keeps a secret. Everything after
+        # this point (stored bytes, shape, keys, previews, hints, token count) comes from
+        # the redacted payload: the notice shows no secret.
+        redaction = redact_payload(data)
+        if redaction.count:
+            data = redaction.data
+            if text is not None:
                 text = data.decode("utf-8")
                 request = replace(request, tokens=total(dest.counter, text))
     redactions = redaction.count if redaction else 0

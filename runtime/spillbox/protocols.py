@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from spillbox.config import Policy
+from spillbox.retention import Retention
 from spillbox.tokens import TokenCounter
 from spillbox.types import (
     Admitted,
@@ -36,6 +37,8 @@ class TaskHandle(Protocol):
     """The gate's policy."""
     languages: tuple[str, ...]
     """The code-mode languages the task's sandbox runs (none with sandbox="none")."""
+    retention: Retention
+    """The task's retention policy (whether it redacts what reaches the model)."""
 
     def admit(
         self, results: Sequence[ToolResult], remaining: int | None = None

@@ -17,10 +17,19 @@ Two sources of rules, run in one pass:
   becomes the string "[REDACTED:<kind>]"), so the document stays valid; in CSV every
   value of a secret-named column is replaced.
 
+What a JSON parser reads, not only the bytes: every JSON string that holds an escape
+(`\\u0077`, `\\/`, `\\"`, `\\n`) is decoded and its text runs through the same rules, so
+`ghp_\\u0041...`, a key `"pass\\u0077ord"`, `\\u0026access_token\\u003d...` in a URL and JSON
+nested in strings (to MAX_NESTING strings deep) are found. A secret found in decoded text
+is replaced in the escaped bytes, whole escapes at a time, so the document still parses.
+Payloads that are not text are scanned as the bytes they are.
+
 Speed: one Hyperscan pass over the bytes finds every place a rule could match (gitleaks'
 keywords, as gitleaks does with Aho-Corasick); the rules' regexes then run only around
 those places. A 40 MB payload takes a few tens of milliseconds more than the scan itself
 when it holds few candidates (benchmarks/gate_bench.py reports it against the store floor).
+A JSON string with escapes is decoded only when it holds a candidate place or an escape
+that could hide one, and then whole (json, in C).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import math
 import re
 import threading
 import tomllib
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +63,12 @@ WINDOW = 1024
 PRIVATE_KEY_WINDOW = 64 * 1024
 KEY_CHARS = 100
 """Longest field name a field rule looks back over from its keyword."""
+MAX_NESTING = 16
+"""JSON strings decoded inside JSON strings, at most. Each level doubles the backslashes
+before a quote, so a string this deep has 65,535 of them before each of its quotes: only a
+crafted payload goes further. A string that still holds escapes at this depth is replaced
+whole (kind NESTED_KIND), never passed on unread."""
+NESTED_KIND = "nested_too_deep"
 
 # Field names that hold secrets: any case, any separator, anywhere in the name.
 _SECRET_WORDS = (
@@ -79,12 +95,24 @@ _KIND_BY_NAME: tuple[tuple[re.Pattern[bytes], str], ...] = (
     (re.compile(rb"(?i)session"), "session_id"),
 )
 
-# "name": value, with the name ending at the keyword's place (also inside an escaped
-# JSON string, \"name\": \"value\", as tool results often nest JSON in JSON).
-_JSON_KEY = re.compile(rb'(\\?)"([^"\\\n]{0,%d})\1"\s*:\s*' % KEY_CHARS)
+# "name": value, with the name ending at the keyword's place. A name with escapes is
+# read decoded (_escaped_key_spans); JSON nested in a string is read in its decoded text.
+_JSON_KEY = re.compile(rb'"([^"\\\n]{0,%d})"\s*:\s*' % KEY_CHARS)
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-# A string inside an escaped JSON string: its quote is \", its own escapes \\x.
-_JSON_ESCAPED_STRING = re.compile(rb'\\"(?:\\\\(?:\\.|[^\\])|\\[^"\\]|[^"\\])*\\"', re.DOTALL)
+# One escape: a surrogate pair (one character), \uXXXX, one JSON knows, or any other.
+_ESCAPE = re.compile(
+    rb"\\(?:u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|u([0-9a-fA-F]{4})|([\"\\/bfnrt])|[^\n])"
+)
+_ESCAPED_CHAR = {
+    b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r",
+    b"t": b"\t",
+}  # fmt: skip
+_BARE_QUOTE = re.compile(rb'"(?<!\\")')
+"""A quote with no backslash before it (as a lookbehind after the quote: found in C)."""
+# A quote, then (reversed) a byte that comes before a JSON string or a quoted log value.
+_REVERSED_OPENING = re.compile(rb'"[:,\[{ \n\t\r=(>]')
+_KEY_COLON = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*")
 _JSON_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 # name=value / name: value outside JSON: .env and YAML lines, logs, query strings,
@@ -92,7 +120,8 @@ _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 _ASSIGNMENT = re.compile(
     rb"(?i)(?<![A-Za-z0-9_.\-])([A-Za-z0-9_.\-]{1,%d})['\"]?[ \t]*(?:=|:)[ \t]*" % KEY_CHARS
 )
-_ASSIGNED_VALUE = re.compile(rb""""([^"\r\n]*)"|'([^'\r\n]*)'|([^\s"'&;,<>`{}\[\]]+)""")
+# A NUL ends a value too: in bytes that are not text it is the usual end of a string.
+_ASSIGNED_VALUE = re.compile(rb""""([^"\r\n]*)"|'([^'\r\n]*)'|([^\s"'&;,<>`{}\[\]\x00]+)""")
 # gitleaks ends most secrets at a quote, a space, a semicolon or a line's end; in logs and
 # prose a secret is as often followed by "." or ")" or "&": any non-token byte ends it.
 _GITLEAKS_END = r"""(?:[\x60'"\s;]|\\[nr]|$)"""
@@ -101,7 +130,7 @@ _URL_CREDENTIALS = re.compile(
     rb"(?i)\b[a-z][a-z0-9+.\-]{1,20}://[^\s:/@\"'<>]{0,256}:([^\s/@\"'<>]{1,256})@"
 )
 _AUTHORIZATION = re.compile(
-    rb"(?i)\b(?:proxy-)?authori[sz]ation\\?['\"]?\s*[:=]\s*\\?['\"]?"
+    rb"(?i)\b(?:proxy-)?authori[sz]ation['\"]?\s*[:=]\s*['\"]?"
     rb"(bearer|basic|token|digest|negotiate|ntlm|apikey)?\s*([^\s\"'\\,;]{6,})"
 )
 _BEARER = re.compile(rb"(?i)\bbearer\s+([A-Za-z0-9._~+/=\-]{16,})")
@@ -142,7 +171,8 @@ class Redaction:
     counts: Mapping[str, int] = field(default_factory=dict)
     """Replacements per kind."""
     scanned: bool = True
-    """False for a binary payload (not UTF-8 text): stored as it came, and logged so."""
+    """False for a payload kept as it came, unscanned (logged so). redact_payload scans
+    every payload, text or not, so only a caller that skips it makes one."""
 
     @property
     def count(self) -> int:
@@ -162,7 +192,7 @@ class Redaction:
         if call_id is not None:
             record["call_id"] = call_id
         if not self.scanned:
-            record["scanned"] = "no: binary payload"
+            record["scanned"] = "no"
         return json.dumps(record)
 
 
@@ -176,11 +206,14 @@ class _Span:
     other fields (2), URLs and headers (3)."""
     quote: bool = field(default=False, compare=False)
     """Replace with a JSON string (quotes included): the span was a non-string value."""
+    escape: int = field(default=0, compare=False)
+    """How many JSON strings the span was found inside: its quotes are escaped as often."""
 
 
 def redact_payload(data: bytes) -> Redaction:
-    """The payload with every secret found replaced, and how many of each kind."""
-    data, counts = _apply(data, list(_spans(data)))
+    """The payload with every secret found replaced, and how many of each kind: text or
+    not (a payload that is not UTF-8, or holds a NUL, is scanned as the bytes it is)."""
+    data, counts = _apply(data, _find(data, 0))
     csv_data, csv_counts = _redact_csv_columns(data)
     if csv_counts:
         data = csv_data
@@ -203,6 +236,7 @@ def kinds() -> list[str]:
     names = [rule.kind for rule in _engine().rules]
     names += [kind for _, kind in _KIND_BY_NAME]
     names += ["secret", "url_password", "authorization", "bearer_token", "basic_auth"]
+    names.append(NESTED_KIND)
     return sorted(set(names))
 
 
@@ -323,10 +357,266 @@ def go_regex(pattern: str) -> str:
     return pattern
 
 
-def _spans(data: bytes) -> Iterator[_Span]:
+def _find(data: bytes, depth: int) -> list[_Span]:
+    """Every span to replace in data: the rules' over its bytes, and over the decoded text
+    of each JSON string in it with escapes and a place a rule looks at (found in that text
+    the same way, so JSON in a string in a string is read too, down to MAX_NESTING)."""
+    places = _places(data)
+    literals = _escaped_literals(data, places.every())
+    if not literals:
+        return list(_spans(data, places))
+    # Inside such a string only its decoded text counts: a rule over the escaped bytes can
+    # stop at an escape (leaving a secret's tail) or begin inside one (breaking it).
+    starts = [start for start, _ in literals]
+    spans = [span for span in _spans(data, places) if not _cuts(span, literals, starts)]
+    if depth == MAX_NESTING:
+        return spans + [_Span(start + 1, end - 1, NESTED_KIND) for start, end in literals]
+    decoded = _decoded(data, literals)
+    spans += _escaped_key_spans(data, literals, decoded)
+    offsets = []
+    at = 0
+    for text in decoded:
+        offsets.append(at)
+        at += len(text) + 1
+    escapes: dict[int, _Escapes] = {}
+    # In order, so that each place in a string is found from the one before (_Escapes).
+    for inner in sorted(_find(b"\n".join(decoded), depth + 1)):
+        i = bisect_right(offsets, inner.start) - 1
+        if i not in escapes:
+            escapes[i] = _Escapes(data[literals[i][0] + 1 : literals[i][1] - 1], len(decoded[i]))
+        span = escapes[i].raw_span(inner, offsets[i], literals[i][0] + 1)
+        if span is not None:
+            spans.append(span)
+    return spans
+
+
+def _escaped_literals(data: bytes, places: list[int]) -> list[tuple[int, int]]:
+    """The JSON strings with escapes that hold one of the places (a match's end), each
+    found from a place (_opening_quote, _closing_quote). Decoding any other string
+    changes only whitespace, quotes, backslashes and non-ASCII letters, where no rule can
+    begin: the places include the escapes that could hide one (`\\u00XX` of a trigger's
+    character, `\\/`, an escape after Bearer)."""
+    found: list[tuple[int, int]] = []
+    floor = 0  # no string that holds a later place begins before this
+    for end in places:
+        place = end - 1
+        if place < floor:
+            continue
+        quote = _opening_quote(data, floor, place)
+        floor = place
+        close = _closing_quote(data, quote + 1) if quote >= 0 else -1
+        # No line break inside: a stray quote in a log must not pair with one lines away.
+        escaped = close >= end and data.find(b"\\", quote, close) >= 0
+        if escaped and data.find(b"\n", quote, close) < 0:
+            found.append((quote, close + 1))
+            floor = close + 1
+    return found
+
+
+def _opening_quote(data: bytes, floor: int, place: int) -> int:
+    """The last quote in data[floor:place] after one of the bytes that come before a JSON
+    string (or at the start), or -1. A quote inside a string has a backslash before it,
+    so in JSON this is the opening quote of the string `place` is in. Looked for in C, in
+    reversed windows growing from `place`: a long string may hold a million \\" first."""
+    reach = 4096
+    while True:
+        start = max(floor, place - reach)
+        found = _REVERSED_OPENING.search(data[start:place][::-1])
+        if found is not None:
+            return place - 1 - found.start()
+        if start == floor:
+            return 0 if floor == 0 and data.startswith(b'"') else -1
+        reach *= 8
+
+
+def _closing_quote(data: bytes, start: int) -> int:
+    """The first quote from `start` (just inside a string) on that no backslash escapes,
+    or -1: in C, as a long string may hold a million \\" first."""
+    bare = _BARE_QUOTE.search(data, start)
+    limit = bare.start() if bare is not None else len(data)
+    after_backslashes = data.find(b'\\\\"', start, limit)  # an escaped backslash, then?
+    while after_backslashes >= 0:
+        quote = after_backslashes + 2
+        if not _escaped(data, quote, start):
+            return quote
+        after_backslashes = data.find(b'\\\\"', quote, limit)
+    return limit if bare is not None else -1
+
+
+def _escaped(data: bytes, at: int, floor: int = 0) -> bool:
+    """Whether an odd run of backslashes (from `floor` on) ends just before `at`. Counted a
+    chunk at a time in C: a string nested deep has tens of thousands before a quote."""
+    run = 0
+    while at > floor:
+        chunk = data[max(floor, at - 4096) : at]
+        kept = len(chunk.rstrip(b"\\"))
+        run += len(chunk) - kept
+        if kept:
+            break
+        at -= len(chunk)
+    return run % 2 == 1
+
+
+def _cuts(span: _Span, literals: list[tuple[int, int]], starts: list[int]) -> bool:
+    """Whether the span begins or ends inside one of the literals' content (a span over
+    all of a content, or around whole literals, does not)."""
+    for place in (span.start, span.end):
+        i = bisect_right(starts, place - 1) - 1
+        if i >= 0 and literals[i][0] + 1 < place < literals[i][1] - 1:
+            return True
+    return False
+
+
+def _decoded(data: bytes, literals: list[tuple[int, int]]) -> list[bytes]:
+    """The text of each literal as a JSON parser reads it (UTF-8; a lone surrogate kept as
+    its three bytes), all parsed in one call when they are all valid JSON."""
+    raw = [data[start:end] for start, end in literals]
+    try:
+        texts = json.loads(b"[" + b",".join(raw) + b"]", strict=False)
+    except ValueError:  # an escape JSON does not know, or bytes that are not UTF-8
+        return [_unescape(literal[1:-1]) for literal in raw]
+    return [text.encode("utf-8", "surrogatepass") for text in texts]
+
+
+def _escaped_key_spans(
+    data: bytes, literals: list[tuple[int, int]], decoded: list[bytes]
+) -> Iterator[_Span]:
+    """Values of secret-named fields whose name has escapes (`"pass\\u0077ord": ...`)."""
+    for (_, end), name in zip(literals, decoded, strict=True):
+        colon = _KEY_COLON.match(data, end) if len(name) <= KEY_CHARS else None
+        kind = _field_kind(name) if colon else None
+        value = _json_value(data, colon.end()) if colon and kind else None
+        if kind and value is not None:
+            yield _Span(value[0], value[1], kind, rank=1, quote=value[2])
+
+
+class _Escapes:
+    """One JSON string's escaped bytes, and where places of its decoded text are in them:
+    to carry a span found in the text back onto whole escapes. A place is found from the
+    nearest one found before, by decoding the bytes between in chunks (json, in C), not
+    escape by escape: one string can hold millions of escapes."""
+
+    def __init__(self, raw: bytes, size: int) -> None:
+        self.raw = raw
+        self.size = size
+        """The decoded text's length."""
+        self.known, self.known_raw = [0], [0]  # places found so far, in the text and raw
+
+    def raw_span(self, span: _Span, offset: int, content: int) -> _Span | None:
+        """The span (found at `offset` in a text of joined strings) over this string's
+        escaped bytes (which start at `content`), widened to whole escapes."""
+        start, end = span.start - offset, min(span.end - offset, self.size)
+        if start >= end:
+            return None  # on the line break that joins the strings
+        return _Span(
+            content + self._raw(start, wide=False),
+            content + self._raw(end, wide=True),
+            span.kind,
+            span.rank,
+            span.quote,
+            span.escape + 1,
+        )
+
+    def _raw(self, place: int, wide: bool) -> int:
+        """Where the text's byte `place` begins in the raw bytes; inside the bytes that one
+        escape decodes to, that escape's start (or, wide, its end)."""
+        raw = self.raw
+        i = bisect_right(self.known, place) - 1
+        text_at, at = self.known[i], self.known_raw[i]
+        while text_at < place:
+            # No raw byte decodes to more than one: this many raw bytes never pass `place`.
+            end = _escape_boundary(raw, at, min(len(raw), at + place - text_at))
+            if end > at:
+                text_at += _text_size(raw[at:end])
+                at = end
+                continue
+            escape = _ESCAPE.match(raw, at)  # one escape, longer than what is left
+            if escape is None or escape.lastindex is None:
+                text_at, at = text_at + 1, at + 1  # one JSON does not know: byte for byte
+                continue
+            size = len(_unescaped(escape))
+            if text_at + size > place:
+                return escape.end() if wide else at
+            text_at, at = text_at + size, escape.end()
+        self.known.insert(i + 1, place)
+        self.known_raw.insert(i + 1, at)
+        return at
+
+
+def _escape_boundary(raw: bytes, start: int, end: int) -> int:
+    """end, or the start of the escape it would cut (a surrogate pair is one escape);
+    start is where one begins."""
+    look = max(start, end - 12)
+    backslash = raw.rfind(b"\\", look, end)
+    while backslash >= look:
+        if not _escaped(raw, backslash, start):
+            pair = backslash - 6  # this one may be the second half of a pair
+            if pair >= start and not _escaped(raw, pair, start):
+                first = _ESCAPE.match(raw, pair)
+                backslash = pair if first is not None and first.lastindex == 2 else backslash
+            escape = _ESCAPE.match(raw, backslash)
+            return backslash if escape is not None and escape.end() > end else end
+        backslash = raw.rfind(b"\\", look, backslash)
+    return end
+
+
+def _text_size(raw: bytes) -> int:
+    """The length of whole escaped bytes decoded, in C where they are JSON."""
+    try:
+        return len(json.loads(b'"' + raw + b'"', strict=False).encode("utf-8", "surrogatepass"))
+    except ValueError:
+        return len(_unescape(raw))
+
+
+def _unescape(raw: bytes) -> bytes:
+    """A JSON string's content decoded (leniently: an escape JSON does not know stands for
+    itself), as json.loads reads it, in UTF-8 with a lone surrogate kept as its 3 bytes."""
+    return _ESCAPE.sub(_unescaped, raw)
+
+
+def _unescaped(match: re.Match[bytes]) -> bytes:
+    if match.lastindex == 4:
+        return _ESCAPED_CHAR[match[4]]
+    if match.lastindex == 2:  # a surrogate pair: one character
+        code = 0x10000 + ((int(match[1], 16) - 0xD800) << 10) + int(match[2], 16) - 0xDC00
+    elif match.lastindex == 3:
+        code = int(match[3], 16)
+    else:
+        return match[0]
+    return chr(code).encode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True)
+class _Places:
+    """Where each rule could match (ends of Hyperscan's matches), and where an escape
+    could hide such a place."""
+
+    by_rule: dict[int, list[int]]
+    keywords: list[int]
+    urls: list[int]
+    headers: list[int]
+    escapes: list[int]
+
+    def every(self) -> list[int]:
+        ends = [*self.keywords, *self.urls, *self.headers, *self.escapes]
+        for rule_ends in self.by_rule.values():
+            ends += rule_ends
+        return sorted(ends)
+
+
+def _places(data: bytes) -> _Places:
+    by_rule, keywords = _engine().places(data)
+    urls: list[int] = []
+    headers: list[int] = []
+    escapes: list[int] = []
+    for id_, end in _scan(_header_database(), _header_lock, data):
+        (urls if id_ == 0 else headers if id_ < _ESCAPE_HINTS else escapes).append(end)
+    return _Places(by_rule, keywords, urls, headers, escapes)
+
+
+def _spans(data: bytes, places: _Places) -> Iterator[_Span]:
     engine = _engine()
-    by_rule, keywords = engine.places(data)
-    for index, ends in by_rule.items():
+    for index, ends in places.by_rule.items():
         rule = engine.rules[index]
         for start, end in _windows(ends, rule.window, len(data)):
             for match in rule.pattern.finditer(data, start, end):
@@ -336,9 +626,9 @@ def _spans(data: bytes) -> Iterator[_Span]:
                 if rule.entropy and _entropy(data[span[0] : span[1]]) < rule.entropy:
                     continue
                 yield _Span(span[0], _word_end(data, span[1]), rule.kind)
-    for start, end in _windows(keywords, KEY_CHARS + 16, len(data)):
+    for start, end in _windows(places.keywords, KEY_CHARS + 16, len(data)):
         yield from _field_spans(data, start, end)
-    yield from _url_and_header_spans(data)
+    yield from _url_and_header_spans(data, places)
 
 
 def _windows(ends: list[int], reach: int, size: int) -> Iterator[tuple[int, int]]:
@@ -393,10 +683,10 @@ def _field_kind(name: bytes) -> str | None:
 def _field_spans(data: bytes, start: int, end: int) -> Iterator[_Span]:
     """Values of secret-named fields whose name lies in data[start:end]."""
     for match in _JSON_KEY.finditer(data, start, end):
-        kind = _field_kind(match[2])
+        kind = _field_kind(match[1])
         if kind is None:
             continue
-        value = _json_value(data, match.end(), escaped=bool(match[1]))
+        value = _json_value(data, match.end())
         if value is not None:
             yield _Span(value[0], value[1], kind, rank=1, quote=value[2])
     for match in _ASSIGNMENT.finditer(data, start, end):
@@ -410,13 +700,10 @@ def _field_spans(data: bytes, start: int, end: int) -> Iterator[_Span]:
         yield _Span(assigned.start(group), assigned.end(group), kind, rank=2)
 
 
-def _json_value(data: bytes, at: int, escaped: bool) -> tuple[int, int, bool] | None:
+def _json_value(data: bytes, at: int) -> tuple[int, int, bool] | None:
     """The span of the JSON value at `at`: (start, end, whether it needs quotes).
     Strings lose only their content; numbers, objects and arrays become a string;
     true, false and null stay (they hold no secret)."""
-    if escaped:
-        match = _JSON_ESCAPED_STRING.match(data, at)
-        return (match.start() + 2, match.end() - 2, False) if match else None
     head = data[at : at + 1]
     if head == b'"':
         match = _JSON_STRING.match(data, at)
@@ -437,18 +724,14 @@ def _json_value(data: bytes, at: int, escaped: bool) -> tuple[int, int, bool] | 
     return (at, match.end(), True) if match else None
 
 
-def _url_and_header_spans(data: bytes) -> Iterator[_Span]:
+def _url_and_header_spans(data: bytes, places: _Places) -> Iterator[_Span]:
     """Passwords in URLs, and Authorization headers' credentials, found by their own
     Hyperscan pass (their anchors, "://" and "bearer", are too common to look around)."""
-    urls: list[int] = []
-    headers: list[int] = []
-    for id_, end in _scan(_header_database(), _header_lock, data):
-        (urls if id_ == 0 else headers).append(end)
-    for start, end in _windows(urls, 600, len(data)):
+    for start, end in _windows(places.urls, 600, len(data)):
         for match in _URL_CREDENTIALS.finditer(data, start, end):
             if not match[1].startswith(MARK):
                 yield _Span(match.start(1), match.end(1), "url_password", rank=3)
-    for start, end in _windows(headers, 300, len(data)):
+    for start, end in _windows(places.headers, 300, len(data)):
         for match in _AUTHORIZATION.finditer(data, start, end):
             if match[2].startswith(MARK):
                 continue
@@ -475,16 +758,31 @@ _BARE_SCHEMES: tuple[tuple[re.Pattern[bytes], str, Callable[[bytes], bool]], ...
 )
 
 
+_ESCAPE_HINTS = 4
+"""The header database's expressions from this index on are escapes that could hide a
+place some rule looks at, in a JSON string (see _escaped_literals)."""
+_TRIGGER_CHARS = " -./:=@_~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+"""Every character of the rules' triggers, and of a URL's credentials ("://", ":", "@")."""
+
+
 @cache
 def _header_database() -> hyperscan.Database:
+    caseless = hyperscan.HS_FLAG_CASELESS
+    # From _ESCAPE_HINTS: the escapes that could hide a trigger's character, as literals
+    # (one pattern over "\\u00" costs a fifth of the whole scan where that is frequent).
+    hints = [re.escape(b"\\u%04x" % ord(char)) for char in _TRIGGER_CHARS]
     expressions = [
         rb"://[^\s/@\"'<>]*:[^\s/@\"'<>]*@",
         rb"authori[sz]ation",
         rb"bearer\s",
         rb"Basic\s",
+        *hints,
+        rb"\\/",
+        rb"bearer\\",
+        rb"basic\\",
     ]
-    caseless = hyperscan.HS_FLAG_CASELESS
-    return _database(expressions, [caseless, caseless, caseless, 0])
+    flags = [caseless, caseless, caseless, 0, *[caseless] * len(hints), 0, caseless, caseless]
+    return _database(expressions, flags)
 
 
 _header_lock = threading.Lock()
@@ -494,35 +792,46 @@ _header_lock = threading.Lock()
 
 
 def _apply(data: bytes, spans: list[_Span]) -> tuple[bytes, Counter[str]]:
-    """data with each span replaced; of overlapping spans the first (then longest) wins."""
+    """data with each span replaced; of overlapping spans the first (then longest) wins,
+    and reaches as far as the longest of them: no tail of a secret is left."""
     counts: Counter[str] = Counter()
     if not spans:
         return data, counts
     spans.sort(key=lambda s: (s.start, -s.end, s.rank))
     out: list[bytes] = []
     at = 0
+    last: _Span | None = None
     for span in spans:
-        start, end = span.start, span.end
+        start, end = span.start, _whole_escapes(data, span.start, span.end)
         if start < at:
+            # A JSON value's replacement is a whole string: it is not widened.
+            if last is not None and not (last.quote or span.quote):
+                at = max(at, end)
             continue
-        # Never cut a JSON escape in two: a trailing backslash would escape the quote after.
-        while end > start and _odd_backslashes(data, start, end):
-            end -= 1
         if end <= start:
             continue
         mark = MARK + span.kind.encode() + b"]"
-        out += [data[at:start], b'"' + mark + b'"' if span.quote else mark]
-        at = end
+        out += [data[at:start], _quoted(mark, span.escape) if span.quote else mark]
+        at, last = end, span
         counts[span.kind] += 1
     out.append(data[at:])
     return b"".join(out), counts
 
 
-def _odd_backslashes(data: bytes, start: int, end: int) -> bool:
-    run = 0
-    while end - run > start and data[end - run - 1] == 0x5C:
-        run += 1
-    return run % 2 == 1
+def _whole_escapes(data: bytes, start: int, end: int) -> int:
+    """The span's end moved back off a trailing backslash: never cut a JSON escape in two
+    (that backslash would escape the quote after)."""
+    while end > start and _escaped(data, end, start):
+        end -= 1
+    return end
+
+
+def _quoted(mark: bytes, escape: int) -> bytes:
+    """The mark as a JSON string, escaped for each string it is inside."""
+    text = b'"' + mark + b'"'
+    for _ in range(escape):
+        text = text.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    return text
 
 
 def _redact_csv_columns(data: bytes) -> tuple[bytes, Counter[str]]:
