@@ -300,15 +300,16 @@ def page(
         if isinstance(found, list):
             envelope = _envelope(document, records, len(found))
             view = _projection(found, keys)
-            return _wrapped_page(
+            cut = _wrapped_page(
                 envelope, found, start, first, records, counter, budget, units, view
             )
+            return replace(cut, fields=keys)
     if kind in ("json_array", "ndjson"):
         loaded = _loaded(data, digest, kind)
         if loaded is not None:
             at = _first(first, len(loaded), "records", start)
             view = _projection(loaded, keys)
-            return _record_page(loaded, at, counter, budget, units, view)
+            return replace(_record_page(loaded, at, counter, budget, units, view), fields=keys)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -470,8 +471,9 @@ _SNIFF_LINES = 400
 
 def text_layout(kind: str, name: str, lines: Sequence[str]) -> TextLayout:
     """The layout of a text, cheaply: CSV by its shape kind, else by the file's extension,
-    else by its first lines (timestamps that start most lines but not all: a log with
-    continuation lines; code fences or headings: Markdown; top-level definitions: source)."""
+    else by its first lines (a timestamp that starts the first and others, but not every
+    line: a log with continuation lines; code fences or headings: Markdown; top-level
+    definitions: source)."""
     if kind == "csv":
         return "csv"
     extension = name.rpartition(".")[2].lower() if "." in name else ""
@@ -485,7 +487,7 @@ def text_layout(kind: str, name: str, lines: Sequence[str]) -> TextLayout:
     if not head:
         return "plain"
     stamped = sum(1 for line in head if _TIMESTAMP.match(line))
-    if stamped < len(head) and stamped * 10 >= len(head) * 3:
+    if _TIMESTAMP.match(head[0]) and 2 <= stamped < len(head):
         return "log"
     fences = sum(1 for line in head if _FENCE.match(line))
     headings = sum(1 for line in head if _HEADING.match(line))

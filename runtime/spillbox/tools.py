@@ -337,6 +337,12 @@ class Toolset:
             "bytes", (most, most), (2 * most, most), most, None, "", True, path, None, fields, most
         )
         envelope = counter.count(_body(row, widest, self._cursor(expect, widest)))
+        if fields is not None and envelope * 2 > task.policy.per_call_tokens:
+            # The fields go into every page and its cursor: so many that they take half
+            # the page would leave no room for the records they pick.
+            raise ValueError(
+                f"fields names {len(fields)} keys, too many for a page to carry: name fewer"
+            )
         limit = max(task.policy.per_call_tokens - envelope, 1)
         slice_ = page(
             data,
