@@ -520,16 +520,7 @@ def _breaks(lines: Sequence[str], layout: TextLayout, upto: int) -> list[Callabl
         def top_level(i: int) -> bool:
             """A block at the left margin after a blank line: a definition, its decorators
             or comment, a top-level statement; not the closing bracket of one."""
-            return not lines[i - 1].strip() and lines[i][:1] not in (
-                "",
-                " ",
-                "\t",
-                "\r",
-                "\n",
-                ")",
-                "]",
-                "}",
-            )
+            return not lines[i - 1].strip() and lines[i][0] not in " \t\r\n)]}"
 
         return [top_level, lambda i: not lines[i - 1].strip()]
     return []

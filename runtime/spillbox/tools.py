@@ -329,27 +329,13 @@ class Toolset:
             expect["fields"] = list(fields)
         if units is not None:
             expect["limit"] = units
-        counter = task.counter
-        # The page shares the per-call threshold with the JSON around it, whose path and
-        # cursor can be long: the content gets what the largest such envelope leaves.
-        most = row.bytes
-        widest = Page(
-            "bytes", (most, most), (2 * most, most), most, None, "", True, path, None, fields, most
-        )
-        envelope = counter.count(_body(row, widest, self._cursor(expect, widest)))
-        if fields is not None and envelope * 2 > task.policy.per_call_tokens:
-            # The fields go into every page and its cursor: so many that they take half
-            # the page would leave no room for the records they pick.
-            raise ValueError(
-                f"fields names {len(fields)} keys, too many for a page to carry: name fewer"
-            )
-        limit = max(task.policy.per_call_tokens - envelope, 1)
+        limit = self._content_limit(row, expect, path, fields)
         slice_ = page(
             data,
             row.sha256,
             kind,
             start,
-            counter,
+            task.counter,
             limit,
             path,
             units=units,
@@ -359,6 +345,30 @@ class Toolset:
         )
         next_cursor = self._cursor(expect, slice_) if slice_.has_more else None
         return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)
+
+    def _content_limit(
+        self,
+        row: ArtifactRow,
+        expect: dict[str, Any],
+        path: tuple[str, ...] | None,
+        fields: tuple[str, ...] | None,
+    ) -> int:
+        """The tokens a page's content may take: the page shares the per-call threshold
+        with the JSON around it, whose path, fields and cursor can be long; the content
+        gets what the largest such envelope leaves."""
+        most = row.bytes
+        widest = Page(
+            "bytes", (most, most), (2 * most, most), most, None, "", True, path, None, fields, most
+        )
+        envelope = self.task.counter.count(_body(row, widest, self._cursor(expect, widest)))
+        per_call = self.task.policy.per_call_tokens
+        if fields is not None and envelope * 2 > per_call:
+            # The fields go into every page and its cursor: so many that they take half
+            # the page would leave no room for the records they pick.
+            raise ValueError(
+                f"fields names {len(fields)} keys, too many for a page to carry: name fewer"
+            )
+        return max(per_call - envelope, 1)
 
     def _cursor(self, expect: dict[str, Any], slice_: Page) -> str:
         """The signed position where slice_ ends, with what the reader asked for."""
