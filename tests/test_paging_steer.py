@@ -274,15 +274,33 @@ def test_fields_no_record_has_and_fields_on_text_are_refused(harness: Harness) -
         toolset = Toolset(task)
         offload(task, "arr", json.dumps(issues(200)))
         offload(task, "txt", "".join(f"line {i}\n" for i in range(3_000)))
-        offload(task, "table", "id,body\n" + "".join(f"{i},row {i}\n" for i in range(3_000)))
+        offload(task, "export", csv_export(300))
         message = error_of(toolset, {"artifact_id": "arr", "fields": ["title", "assignee"]})
         assert message.startswith("no record has the key(s) assignee: the records' keys are id, ")
-        for ref in ("txt", "table"):
-            message = error_of(toolset, {"artifact_id": ref, "fields": ["id"]})
-            assert message == (
-                "fields picks keys of records; this artifact pages as lines of text: "
-                "leave fields null"
-            )
+        message = error_of(toolset, {"artifact_id": "txt", "fields": ["id"]})
+        assert message == (
+            "fields picks keys of records; this artifact pages as lines of text: leave fields null"
+        )
+        message = error_of(toolset, {"artifact_id": "export", "fields": ["id", "phone"]})
+        assert message == (
+            "no column is named phone: the columns are id, name, email, created_at, notes"
+        )
+
+
+def test_fields_on_a_csv_read_its_rows_as_records_of_those_columns(harness: Harness) -> None:
+    export = csv_export(1_500)
+    rows = list(csv.DictReader(io.StringIO(export)))
+    wanted = [{"id": row["id"], "notes": row["notes"]} for row in rows]
+    with harness.task("columns") as task:
+        toolset = Toolset(task)
+        offload(task, "export", export)
+        pages = pages_of(toolset, artifact_id="export", fields=["id", "notes"])
+        assert [item for p in pages for item in p["items"]] == wanted  # line breaks kept
+        assert {p["unit"] for p in pages} == {"records"} and pages[0]["total"] == 1_500
+        row = read(toolset, artifact_id="export", start=1_499, fields=["email"])
+        assert row["items"] == [{"email": "c1499@example.com"}] and not row["has_more"]
+        said = error_of(toolset, {"artifact_id": "export", "start": 1_500, "fields": ["id"]})
+        assert said == "start 1500 is past the end: this artifact has 1500 rows (start 0 to 1499)"
 
 
 def test_a_cursor_keeps_its_fields_and_cannot_be_mixed_with_start(harness: Harness) -> None:

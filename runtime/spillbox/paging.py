@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import csv
 import hashlib
 import hmac
+import io
 import json
 import os
 import re
@@ -315,10 +317,55 @@ def page(
     except UnicodeDecodeError:
         _no_fields(keys, "bytes (base64)")
         return _byte_page(data, _first(first, len(data), "bytes", start), budget, units)
-    _no_fields(keys, "lines of text")
     lines = text.splitlines(keepends=True)
+    if kind == "csv" and keys is not None:
+        # Columns picked: the rows are records, objects of those columns.
+        names, rows, delimiter = _csv_rows(lines)
+        at = _first(first, len(rows), "rows", start)
+        view = _columns(names, keys, delimiter)
+        return replace(_record_page(rows, at, counter, budget, units, view), fields=keys)
+    _no_fields(keys, "lines of text")
     at = _first(first, len(lines), "lines", start)
     return _line_page(lines, at, counter, budget, units, text_layout(kind, name, lines))
+
+
+def _csv_rows(lines: Sequence[str]) -> tuple[list[str], list[str], str]:
+    """A CSV's column names, the text of each row after the header (a quoted field may
+    hold line breaks), and its delimiter (a tab where the header has as many tabs as
+    commas, as the profile tells TSV)."""
+    header = _header_lines(lines)
+    first = lines[0] if lines else ""
+    delimiter = "\t" if first.count("\t") >= max(first.count(","), 1) else ","
+    names = next(csv.reader(io.StringIO("".join(lines[:header])), delimiter=delimiter), [])
+    rows: list[str] = []
+    row: list[str] = []
+    odd = False
+    for line in lines[header:]:
+        row.append(line)
+        odd ^= line.count('"') % 2 == 1
+        if not odd:
+            rows.append("".join(row))
+            row = []
+    if row:
+        rows.append("".join(row))
+    return names, rows, delimiter
+
+
+def _columns(names: list[str], keys: tuple[str, ...], delimiter: str) -> View:
+    """The view of a CSV row's text as an object of the columns keys names."""
+    _some(keys)
+    missing = [key for key in keys if key not in names]
+    if missing:
+        raise ConfigError(
+            f"no column is named {', '.join(missing)}: the columns are {', '.join(names)}"
+        )
+    where = {key: names.index(key) for key in keys}
+
+    def view(row: str) -> dict[str, str]:
+        values = next(csv.reader(io.StringIO(row), delimiter=delimiter), [])
+        return {key: values[i] for key, i in where.items() if i < len(values)}
+
+    return view
 
 
 def _first(first: int | None, total: int, unit: str, start: Position | None) -> Position:
@@ -347,8 +394,7 @@ def _projection(records: list[Any], keys: tuple[str, ...] | None) -> View:
     that each key is in some record: a key none has would page as empty records."""
     if keys is None:
         return _whole
-    if not keys:
-        raise ConfigError("fields is empty: name at least one key, or leave fields null")
+    _some(keys)
     missing = dict.fromkeys(keys)
     for record in records:
         if isinstance(record, dict):
@@ -374,12 +420,17 @@ def _projection(records: list[Any], keys: tuple[str, ...] | None) -> View:
     return view
 
 
+def _some(keys: tuple[str, ...]) -> None:
+    if not keys:
+        raise ConfigError("fields is empty: name at least one key, or leave fields null")
+
+
 def _whole(record: Any) -> Any:
     return record
 
 
 def _record_page(
-    records: list[Any],
+    records: Sequence[Any],
     start: Position,
     counter: TokenCounter,
     budget: int,

@@ -149,10 +149,12 @@ SPECS: dict[str, ToolSpec] = {
         "(a notice's records: line) pages those records: first its envelope (the other "
         "keys), then the records as items. Pass the path from a notice or the artifact_id; "
         "pass next_cursor back as cursor for the next page. Steer it: limit takes fewer "
-        "records or lines, start jumps to a record or line, fields keeps only some keys of "
-        "each record. A page says how many it returned, where it lies (position) and "
-        "whether more follow (has_more): continue only if you need more; to count, filter "
-        "or search many records, query them instead of paging through.",
+        f"records or lines (1 to {PAGE_UNITS_MAX}; null: as many as fit in a page), start "
+        "jumps to a record or line, fields keeps only some keys of each record (or columns "
+        "of a CSV). A page says how many it returned, where it lies (position) and whether "
+        "more follow (has_more): continue only if you need more. Where sandbox_exec is "
+        "offered, one query counts, filters or searches many records: page through only "
+        "what you must read.",
         {
             "type": "object",
             "properties": {
@@ -183,8 +185,10 @@ SPECS: dict[str, ToolSpec] = {
                 "fields": {
                     "type": ["array", "null"],
                     "items": {"type": "string"},
-                    "description": "Records only: keep just these top-level keys of each "
-                    "record (JSON arrays, NDJSON, wrapped records); null for whole records.",
+                    "description": "Keep just these top-level keys of each record (JSON "
+                    "arrays, NDJSON, wrapped records), or these columns of a CSV (its rows "
+                    "then come as records, start counting rows); null for whole records. "
+                    "Not for text.",
                 },
             },
             "required": [
