@@ -507,7 +507,7 @@ _SOURCE_EXTENSIONS = frozenset(
     "sh bash zsh pl r jl ex exs erl hs ml sql tf proto".split()
 )
 _HEADING = re.compile(r"#{1,6}(?:\s|$)")
-_FENCE = re.compile(r"(?:```|~~~)")
+_FENCES = ("```", "~~~")
 _DEFINITION = re.compile(
     r"(?:async def|def|class|function|export|import|from \S+ import|fn|pub(?:\(crate\))? "
     r"(?:fn|struct|enum|trait|mod)|func|type|interface|struct|impl|package|module|"
@@ -540,7 +540,7 @@ def text_layout(kind: str, name: str, lines: Sequence[str]) -> TextLayout:
     stamped = sum(1 for line in head if _TIMESTAMP.match(line))
     if _TIMESTAMP.match(head[0]) and 2 <= stamped < len(head):
         return "log"
-    fences = sum(1 for line in head if _FENCE.match(line))
+    fences = sum(1 for line in head if line.startswith(_FENCES))
     headings = sum(1 for line in head if _HEADING.match(line))
     definitions = sum(1 for line in head if _DEFINITION.match(line))
     if fences >= 2 or (headings >= 2 and headings > definitions):
@@ -550,21 +550,29 @@ def text_layout(kind: str, name: str, lines: Sequence[str]) -> TextLayout:
     return "plain"
 
 
-def _breaks(lines: Sequence[str], layout: TextLayout, upto: int) -> list[Callable[[int], bool]]:
-    """Where a page of this layout may end, best first: each a test of "a page may end
-    just before line i" for i up to `upto`. After all of them, any line break."""
+def _breaks(
+    lines: Sequence[str], layout: TextLayout, begin: int, upto: int
+) -> list[Callable[[int], bool]]:
+    """Where a page of lines begin..upto may end, best first: each a test of "a page may
+    end just before line i", begin < i <= upto. After all of them, any line break."""
     if layout == "log":
         return [lambda i: bool(_TIMESTAMP.match(lines[i]))]
     if layout == "csv":
         # A row ends where the quotes so far are balanced: a quoted field may hold
         # line breaks (RFC 4180's "" escape counts two, keeping the balance).
-        quoted = _running(lines, upto, lambda line, odd: odd ^ (line.count('"') % 2 == 1))
-        return [lambda i: not quoted[i - 1]]
+        before = "".join(lines[:begin]).count('"') % 2 == 1
+        quoted = _running(lines, begin, upto, before, lambda line: line.count('"') % 2 == 1)
+        return [lambda i: not quoted[i - begin]]
     if layout == "markdown":
-        fenced = _running(lines, upto, lambda line, inside: inside ^ bool(_FENCE.match(line)))
+        # Joined with a break of its own before each line, so "\n```" counts exactly
+        # the lines that open or close a fence, whatever break (\r, \u2028) ended the
+        # line before; counted in C, for a page deep in a long document.
+        joined = "\n" + "\n".join(lines[:begin])
+        before = sum(joined.count("\n" + fence) for fence in _FENCES) % 2 == 1
+        fenced = _running(lines, begin, upto, before, lambda line: line.startswith(_FENCES))
         return [
-            lambda i: not fenced[i - 1] and bool(_HEADING.match(lines[i])),
-            lambda i: not fenced[i - 1] and not lines[i - 1].strip() and bool(lines[i].strip()),
+            lambda i: not fenced[i - begin] and bool(_HEADING.match(lines[i])),
+            lambda i: not fenced[i - begin] and not lines[i - 1].strip() and bool(lines[i].strip()),
         ]
     if layout == "source":
 
@@ -577,12 +585,15 @@ def _breaks(lines: Sequence[str], layout: TextLayout, upto: int) -> list[Callabl
     return []
 
 
-def _running(lines: Sequence[str], upto: int, step: Callable[[str, bool], bool]) -> list[bool]:
-    """A state carried line by line from the top: its value after each line to upto."""
-    state, states = False, []
-    for line in lines[:upto]:
-        state = step(line, state)
-        states.append(state)
+def _running(
+    lines: Sequence[str], begin: int, upto: int, before: bool, flips: Callable[[str], bool]
+) -> list[bool]:
+    """A state carried line by line, that a line may flip (a quote left open, a code
+    fence): its value after each line from begin - 1 (`before`, counted from the top by
+    the caller, at C speed) to upto - 1, indexed from 0."""
+    states = [before]
+    for line in lines[begin:upto]:
+        states.append(states[-1] ^ flips(line))
     return states
 
 
@@ -640,7 +651,7 @@ def _unit_end(lines: Sequence[str], begin: int, end: int, layout: TextLayout) ->
     last place within it where the best kind of boundary lies, else end (a line break)."""
     if end >= len(lines):
         return end
-    for may_end in _breaks(lines, layout, end):
+    for may_end in _breaks(lines, layout, begin, end):
         for i in range(end, begin, -1):
             if may_end(i):
                 return i
