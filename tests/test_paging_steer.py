@@ -11,6 +11,7 @@ import io
 import json
 import random
 import re
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -512,3 +513,40 @@ def test_a_huge_start_or_limit_is_refused_and_a_unicode_key_is_kept(harness: Har
         )
         page = read(toolset, artifact_id="odd", start=499, fields=["名前"])
         assert page["items"] == [{"名前": "n499"}] and not page["has_more"]
+
+
+def test_a_cursor_made_before_steering_still_reads_and_says_where_it_was(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cursors signed before this change hold no unit, limit or fields: still good, and
+    # expired they still name their position.
+    items = issues(300)
+    with harness.task("old") as task:
+        toolset = Toolset(task)
+        offload(task, "arr", json.dumps(items))
+        row = task.artifact("arr")
+        fields = {"task": "old", "artifact": "arr", "sha": row.sha256[:16], "records": None}
+        old = toolset._signer.sign({**fields, "pos": [40, 0], "exp": time.time() + 60})
+        assert read(toolset, artifact_id="arr", cursor=old)["items"][0] == items[40]
+        gone = toolset._signer.sign({**fields, "pos": [40, 0], "exp": time.time() - 1})
+        message = error_of(toolset, {"artifact_id": "arr", "cursor": gone})
+        assert (
+            message
+            == "cursor has expired; it was at position 40: call again with start=40 and no cursor"
+        )
+
+
+def test_start_goes_past_an_envelope_too_big_for_a_page(harness: Harness) -> None:
+    value = {"blob": "ab " * 20_000, "data": [{"n": i, "s": "z" * 50} for i in range(300)]}
+    with harness.task("sliced") as task:
+        toolset = Toolset(task)
+        offload(task, "big", json.dumps(value))
+        first = read(toolset, artifact_id="big", records="data")
+        assert first["unit"] == "envelope" and first["partial"]
+        for at in (0, 1, 299):
+            page = read(toolset, artifact_id="big", records="data", start=at)
+            assert page["unit"] == "records" and page["items"][0] == value["data"][at]
+        # A cursor from there reads on, in the envelope's character positions for record 0.
+        zero = read(toolset, artifact_id="big", records="data", start=0, limit=1)
+        after = read(toolset, artifact_id="big", cursor=zero["next_cursor"])
+        assert after["items"][0] == value["data"][1]
