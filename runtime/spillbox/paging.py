@@ -71,17 +71,36 @@ class CursorError(ConfigError):
 
 def resume_hint(fields: dict[str, Any]) -> str:
     """Where a signed cursor was, and the call that reads on from there without it."""
-    pos = fields.get("pos")
-    if not (isinstance(pos, list) and pos and isinstance(pos[0], int)):
+    where = _where(fields)
+    if where is None:
         return "start again without a cursor"
-    unit = UNIT_NAMES.get(str(fields.get("unit")), "position")
-    where = f"{unit} {pos[0]}" if len(pos) < 2 or not pos[1] else f"inside {unit} {pos[0]}"
-    args = [f"start={pos[0]}"]
+    args = [f"start={where[1]}"]
     if fields.get("records") is not None:
         args.append(f"records={path_text(tuple(fields['records']))!r}")
     if fields.get("fields") is not None:
         args.append(f"fields={json.dumps(fields['fields'], ensure_ascii=False)}")
-    return f"it was at {where}: call again with {', '.join(args)} and no cursor"
+    return f"it was at {where[0]}: call again without a cursor, with {', '.join(args)}"
+
+
+def _where(fields: dict[str, Any]) -> tuple[str, int] | None:
+    """A cursor's position in words ("record 240", "inside line 3") and the start that
+    reads from there; None if it has none. Only an index and a name from UNIT_NAMES: safe
+    to say of a cursor not yet checked."""
+    pos = fields.get("pos")
+    if not (isinstance(pos, list) and pos and all(type(n) is int and n >= 0 for n in pos)):
+        return None
+    unit = UNIT_NAMES.get(str(fields.get("unit")), "position")
+    words = f"{unit} {pos[0]}" if len(pos) < 2 or not pos[1] else f"inside {unit} {pos[0]}"
+    return words, pos[0]
+
+
+def _claimed(raw: bytes) -> dict[str, Any]:
+    """What a cursor that failed its check says of itself, where it says anything."""
+    try:
+        fields = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -140,10 +159,17 @@ class CursorSigner:
         # characters, so an edited cursor could otherwise decode to the signed bytes.
         canonical = f"{_b64(raw)}.{_b64(tag)}" == cursor
         if not (canonical and hmac.compare_digest(tag, good)):
-            raise CursorError(
-                "cursor is not valid here (tampered, or made by another spillbox home): "
-                "start again without a cursor, or call with start= the position end of "
+            # Its position is unchecked, but only a number: saying it costs nothing and
+            # spares a reader whose home's secret changed a walk back from page one.
+            where = _where(_claimed(raw))
+            resume = (
+                f"it says it was at {where[0]}: call again without a cursor, with start={where[1]}"
+                if where is not None
+                else "start again without a cursor, or with start= the position end of "
                 "the last page you read"
+            )
+            raise CursorError(
+                "cursor is not valid here (tampered, or made by another spillbox home); " + resume
             )
         fields: dict[str, Any] = json.loads(raw)
         if fields.get("v") != CURSOR_VERSION:
@@ -152,9 +178,11 @@ class CursorSigner:
             )
         for key, value in expect.items():
             if fields.get(key) != value:
+                there = _where(fields)
                 raise CursorError(
-                    f"cursor belongs to another {key} ({fields.get(key)!r}, not {value!r}): "
-                    "use a cursor from this artifact's own pages, or start= a position "
+                    f"cursor belongs to another {key} ({fields.get(key)!r}, not {value!r})"
+                    + (f"; it was at {there[0]} there" if there is not None else "")
+                    + ": use a cursor from this artifact's own pages, or start= a position "
                     "this artifact's pages showed"
                 )
         if float(fields.get("exp", 0)) < time.time():
