@@ -35,6 +35,7 @@ async def test_a_resource_read_takes_start_limit_and_fields_and_its_next_uri_kee
     async with connect(proxy_params(home, toy_server(), "--task", "steer")) as session:
         result = await session.call_tool("echo", {"text": json.dumps(value)})
         [link] = [b for b in result.content if isinstance(b, types.ResourceLink)]
+        assert link.description is not None and "?start=40&limit=5" in link.description
         uri = str(link.uri)
         page = await read(session, f"{uri}?start=120&limit=3&fields=number&fields=title")
         assert page["items"] == [

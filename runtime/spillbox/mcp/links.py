@@ -73,7 +73,8 @@ def resource_link(task_id: str, artifact: Artifact) -> types.ResourceLink:
         uri=artifact_uri(task_id, artifact.id),
         name=artifact.name,
         description=f"The stored result of {artifact.tool} ({artifact.call_id}); "
-        "resources/read returns it a page at a time.",
+        "resources/read returns it a page at a time (the query steers it: ?start=40&limit=5, "
+        "&fields=id&fields=title for some keys of each record).",
         mime_type=MIME_TYPES[artifact.shape.kind],
         size=artifact.bytes,
     )
