@@ -53,7 +53,9 @@ _CHARS_PER_TOKEN_GUESS = 4
 """Where the search for a slice's length starts; it doubles or bisects from there."""
 
 Position = tuple[int, int]
-"""(record or line or byte index, character offset inside that record or line).
+"""(record or line or byte index, character offset inside that record or line). A CSV
+read with fields pages its rows as records: there the index counts rows, 0 the first
+after the header.
 
 For records wrapped in an object, the envelope comes before record 0 and holds none of
 the records: its page is at (0, 0) to (0, 0). An envelope too big for one page is sliced

@@ -5,6 +5,7 @@
     request["tools"] += toolset.definitions("openai")   # or "responses", "anthropic"
     output = toolset.call("read_artifact", {"path": "/sandbox/offload/c1.json"})
     output.text                                   # what the model sees (JSON)
+    toolset.call("read_artifact", {"artifact_id": "c1", "start": 40, "limit": 5, "fields": ["id"]})
 
 Once registered, a notice's hints name exactly these tools, with ready-to-send arguments.
 """
