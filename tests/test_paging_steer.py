@@ -22,7 +22,7 @@ import pytest
 import spillbox.paging
 from api_shapes import github_search
 from conftest import joined_text, read_all_pages
-from spillbox import Harness
+from spillbox import Harness, ToolResult
 from spillbox.paging import CURSOR_TTL_SECONDS, PAGE_UNITS_MAX, CursorSigner, text_layout
 from spillbox.tools import SPECS, Toolset
 from test_tools import LIMIT, assert_strict, error_of, offload, open_harness
@@ -578,3 +578,35 @@ def test_start_goes_past_an_envelope_too_big_for_a_page(harness: Harness) -> Non
         zero = read(toolset, artifact_id="big", records="data", start=0, limit=1)
         after = read(toolset, artifact_id="big", cursor=zero["next_cursor"])
         assert after["items"][0] == value["data"][1]
+
+
+def test_three_steered_reads_in_one_step_all_come_back(home: Path) -> None:
+    # The case: whole pages, three in one step, pass the aggregate and are
+    # withheld; reading just the records needed, by start and limit, they all fit.
+    records = [{"id": i, "body": "word " * 40} for i in range(2_000)]
+    with open_harness(home, per_call=6_000) as harness, harness.task("few") as task:
+        toolset = Toolset(task)
+        offload(task, "c1", json.dumps(records))
+        calls = [{"artifact_id": "c1", "start": at, "limit": 2} for at in (0, 900, 1_998)]
+        outputs = [toolset.call("read_artifact", args) for args in calls]
+        admitted = task.admit(
+            [
+                ToolResult(f"r{i}", "read_artifact", out.text, offloadable=out.offloadable)
+                for i, out in enumerate(outputs)
+            ]
+        )
+        assert all(item.reason is None and not item.offloaded for item in admitted)
+        got = [json.loads(item.text)["items"] for item in admitted]
+        assert got == [records[0:2], records[900:902], records[1_998:2_000]]
+        # Whole pages in one step are not all given back (tests/test_tools.py has the rest).
+        whole = [
+            toolset.call("read_artifact", {"artifact_id": "c1", "start": at})
+            for at in (0, 900, 1_900)
+        ]
+        held = task.admit(
+            [
+                ToolResult(f"w{i}", "read_artifact", out.text, offloadable=False)
+                for i, out in enumerate(whole)
+            ]
+        )
+        assert any(item.reason == "withheld" for item in held)
