@@ -153,8 +153,9 @@ SPECS: dict[str, ToolSpec] = {
         f"records or lines (1 to {PAGE_UNITS_MAX}; null: as many as fit in a page), start "
         "jumps to a record or line, fields keeps only some keys of each record (or columns "
         "of a CSV). A CSV's pages after the first start with its header again (their "
-        "first header_lines lines). A page says how many it returned, where it lies (position) and whether "
-        "more follow (has_more): continue only if you need more. Where sandbox_exec is "
+        "first header_lines lines). A page says how many it returned, where it lies "
+        "(position) and whether more follow (has_more): continue only if you need more. "
+        "Where sandbox_exec is "
         "offered, one query counts, filters or searches many records: page through only "
         "what you must read.",
         {
