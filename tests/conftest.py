@@ -100,3 +100,13 @@ def read_all_pages(toolset: Any, **ref: str) -> list[tuple[Any, dict[str, Any]]]
         if cursor is None:
             return pages
         assert len(pages) < 5_000, "paging does not end"
+
+
+def joined_text(bodies: list[dict[str, Any]]) -> str:
+    """The text of read_artifact's pages joined as the payload was: a page after the first
+    of a CSV repeats its header in its first header_lines lines, dropped here."""
+    parts = []
+    for body in bodies:
+        lines = body["text"].splitlines(keepends=True)
+        parts.append("".join(lines[body.get("header_lines", 0) :]))
+    return "".join(parts)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import read_all_pages
+from conftest import joined_text, read_all_pages
 from spillbox import Harness, Task, parse_notice
 from spillbox.adapters import compact_history
 from spillbox.tools import Toolset
@@ -38,11 +38,13 @@ def result_text(i: int) -> str:
 
 def read_back(toolset: Toolset, path: str) -> str:
     """The whole artifact at path, through read_artifact, page after page."""
-    return "".join(read_pages(toolset, path))
+    return joined_text(read_pages(toolset, path))
 
 
-def read_pages(toolset: Toolset, path: str) -> list[str]:
-    return [body["text"] for _, body in read_all_pages(toolset, path=path)]
+def read_pages(toolset: Toolset, path: str) -> list[dict[str, Any]]:
+    # The results have a tab a line: the profile takes them for TSV, whose pages after the
+    # first repeat the header (joined_text drops the repeats).
+    return [body for _, body in read_all_pages(toolset, path=path)]
 
 
 def chat_history(n: int = 10) -> list[dict[str, Any]]:
@@ -84,7 +86,7 @@ def test_older_results_become_notices_that_read_artifact_opens_again(task: Task)
         assert fields["sha256"] == hashlib.sha256(old["content"].encode()).hexdigest()
         assert fields["hint"] == f"read_artifact {json.dumps({'path': fields['path']})}"
         texts = read_pages(toolset, fields["path"])
-        assert "".join(texts).encode() == old["content"].encode()
+        assert joined_text(texts).encode() == old["content"].encode()
         pages = max(pages, len(texts))
     assert len(moved) == 6 and len(task.artifacts()) == 6
     assert pages > 1  # the larger ones took more than one page

@@ -345,3 +345,61 @@ def test_a_sliced_envelope_is_positioned_in_its_characters_then_the_records_foll
     first_record = "".join(p.text or "" for p in records if p.partial)
     assert json.loads(first_record) == value["data"][0]
     assert records[0].start == (0, length) and records[-1].items == value["data"][1:]
+
+
+# Text pages that keep units whole, whatever the text
+
+
+FRAGMENTS = [
+    "# Heading\n",
+    "## Sub heading\n",
+    "```\n",
+    "\n",
+    "plain words of a paragraph\n",
+    "def f(x):\n",
+    "    return x\n",
+    "@decorator\n",
+    "}\n",
+    "2026-12-01 09:00:00,001 ERROR failed\n",
+    "Traceback (most recent call last):\n",
+    '  File "a.py", line 3, in f\n',
+    'id,"note with ""quotes"" and\n',
+    'a line break",3\n',
+    "x" * 300 + "\n",
+    "no newline",
+    "\r\n",
+]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.sampled_from(FRAGMENTS), min_size=0, max_size=300),
+    st.sampled_from(["c1.txt", "notes.md", "mod.py", "app.log", "export.csv"]),
+    st.integers(min_value=20, max_value=400),
+    st.none() | st.integers(min_value=1, max_value=50),
+)
+def test_text_pages_of_every_layout_rejoin_and_stay_within_budget(
+    parts: list[str], name: str, limit: int, units: int | None
+) -> None:
+    text = "".join(parts)
+    data = text.encode()
+    kind = "csv" if name.endswith(".csv") else "text"
+    digest = hashlib.sha256(data).hexdigest()
+    pages: list[Page] = []
+    start = (0, 0)
+    while True:
+        current = page(data, digest, kind, start, COUNTER, limit, units=units, name=name)
+        assert current.start == start
+        pages.append(current)
+        if not current.has_more:
+            break
+        assert current.end > start, "a page must make progress"
+        if units is not None and not current.partial:
+            assert current.returned <= units
+        start = current.end
+    rejoined = ""
+    for current in pages:
+        lines = (current.text or "").splitlines(keepends=True)
+        rejoined += "".join(lines[current.header :])
+        assert shown_tokens(current) <= budget(limit) + 2
+    assert rejoined == text

@@ -24,7 +24,7 @@ from openai.types.responses import FunctionToolParam
 from pydantic import TypeAdapter, ValidationError
 
 from api_shapes import github_search, slack_history
-from conftest import read_all_pages
+from conftest import joined_text, read_all_pages
 from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
 from spillbox.codemode import DEFAULT_TIMEOUT
 from spillbox.paging import CURSOR_TTL_SECONDS, SECRET_FILE
@@ -281,17 +281,18 @@ def nullable(spec: ToolSpec) -> set[str]:
     }
 
 
-def test_read_artifact_schema_offers_path_artifact_id_cursor_and_records(
+def test_read_artifact_schema_offers_path_artifact_id_cursor_records_and_steering(
     harness: Harness,
 ) -> None:
     with harness.task("defs") as task:
         [read] = [s for s in Toolset(task).specs() if s.name == "read_artifact"]
     assert isinstance(read, ToolSpec)
-    assert set(read.parameters["properties"]) == {"path", "artifact_id", "cursor", "records"}
+    names = ["path", "artifact_id", "cursor", "records", "limit", "start", "fields"]
+    assert list(read.parameters["properties"]) == names
     # Strict mode lists them all as required; each is nullable: path or artifact_id is
     # checked at the call.
-    assert read.parameters["required"] == ["path", "artifact_id", "cursor", "records"]
-    assert nullable(read) == {"path", "artifact_id", "cursor", "records"}
+    assert read.parameters["required"] == names
+    assert nullable(read) == set(names)
 
 
 def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
@@ -537,7 +538,9 @@ def test_text_pages_reproduce_the_bytes_at_line_boundaries(harness: Harness) -> 
     payload = "".join(lines) + "no newline at the end"
     pages = offloaded_pages(harness, "txt", "log", payload)
     assert len(pages) > 3
-    assert "".join(p["text"] for p in pages).encode() == payload.encode()
+    # One tab a line: the profile takes it for TSV, whose later pages repeat its header.
+    assert all(p["header_lines"] == 1 for p in pages[1:])
+    assert joined_text(pages).encode() == payload.encode()
     assert {p["unit"] for p in pages} == {"lines"}
     assert all(not p["partial"] for p in pages)
     # Whole lines: every page but the last ends at a line break.
@@ -613,6 +616,7 @@ def test_a_small_artifact_is_one_page(harness: Harness) -> None:
             "unit": "records",
             "position": {"start": 0, "end": 2},
             "total": 2,
+            "returned": 2,
             "partial": False,
             "has_more": False,
             "next_cursor": None,

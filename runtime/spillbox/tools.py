@@ -5,6 +5,7 @@
     request["tools"] += toolset.definitions("openai")   # or "responses", "anthropic"
     output = toolset.call("read_artifact", {"path": "/sandbox/offload/c1.json"})
     output.text                                   # what the model sees (JSON)
+    toolset.call("read_artifact", {"artifact_id": "c1", "start": 40, "limit": 5, "fields": ["id"]})
 
 Once registered, a notice's hints name exactly these tools, with ready-to-send arguments.
 """
@@ -22,6 +23,7 @@ from spillbox.errors import SpillboxError
 from spillbox.notice import Hint
 from spillbox.paging import (
     CURSOR_TTL_SECONDS,
+    PAGE_UNITS_MAX,
     CursorError,
     CursorSigner,
     Page,
@@ -147,14 +149,24 @@ SPECS: dict[str, ToolSpec] = {
         "NDJSON (items), else whole lines of text (text). A JSON object that wraps records "
         "(a notice's records: line) pages those records: first its envelope (the other "
         "keys), then the records as items. Pass the path from a notice or the artifact_id; "
-        "pass next_cursor back as cursor for the next page.",
+        "pass next_cursor back as cursor for the next page. Steer it: limit takes fewer "
+        f"records or lines (1 to {PAGE_UNITS_MAX}; null: as many as fit in a page), start "
+        "jumps to a record or line, fields keeps only some keys of each record (or columns "
+        "of a CSV). A CSV's pages after the first start with its header again (their "
+        "first header_lines lines). A page says how many it returned, where it lies "
+        "(position) and whether more follow (has_more): continue only if you need more. "
+        "Where sandbox_exec is "
+        "offered, one query counts, filters or searches many records: page through only "
+        "what you must read.",
         {
             "type": "object",
             "properties": {
                 "path": _optional("string", "The path a notice shows; null to use artifact_id."),
                 "artifact_id": _optional("string", "The artifact's id; null to use path."),
                 "cursor": _optional(
-                    "string", "next_cursor of the previous page; null for the first page."
+                    "string",
+                    "next_cursor of the previous page (it keeps that page's records, fields "
+                    "and limit); null for the first page or with start.",
                 ),
                 "records": _optional(
                     "string",
@@ -162,8 +174,35 @@ SPECS: dict[str, ToolSpec] = {
                     'line writes it (data.search.nodes; a key with dots as ["a.b"]); null for '
                     "its largest array of records.",
                 ),
+                "limit": _optional(
+                    "integer",
+                    f"At most this many records or lines on the page, 1 to {PAGE_UNITS_MAX}; "
+                    "null for as many as fit in a page. The page is never over the per-call "
+                    "limit, whatever this asks.",
+                ),
+                "start": _optional(
+                    "integer",
+                    "The record or line to start at (0 is the first; for binary, the byte), "
+                    "as position counts; null for the beginning, or where cursor is.",
+                ),
+                "fields": {
+                    "type": ["array", "null"],
+                    "items": {"type": "string"},
+                    "description": "Keep just these top-level keys of each record (JSON "
+                    "arrays, NDJSON, wrapped records), or these columns of a CSV (its rows "
+                    "then come as records, start counting rows); null for whole records. "
+                    "Not for text.",
+                },
             },
-            "required": ["path", "artifact_id", "cursor", "records"],
+            "required": [
+                "path",
+                "artifact_id",
+                "cursor",
+                "records",
+                "limit",
+                "start",
+                "fields",
+            ],
             "additionalProperties": False,
         },
         strict=True,
@@ -273,35 +312,80 @@ class Toolset:
             "sha": row.sha256[:16],
         }
         asked = parse_path(str(args["records"])) if args.get("records") is not None else None
+        units = _whole_number(args, "limit", 1, PAGE_UNITS_MAX)
+        first = _whole_number(args, "start", 0, None)
+        fields = _keys(args.get("fields"))
         start: tuple[int, int] | None = None
         if args.get("cursor"):
-            fields = self._signer.check(str(args["cursor"]), expect)
-            start = (int(fields["pos"][0]), int(fields["pos"][1]))
-            walked = tuple(fields["records"]) if fields.get("records") is not None else None
-            if asked is not None and asked != walked:
-                raise CursorError(
-                    "cursor belongs to another records path: pass the same records as the "
-                    "first page, or null"
+            if first is not None:
+                raise ValueError(
+                    "give cursor or start, not both: cursor reads on from the last page, "
+                    "start from the record or line it names"
                 )
-            asked = walked
+            kept = self._signer.check(str(args["cursor"]), expect)
+            start = (int(kept["pos"][0]), int(kept["pos"][1]))
+            asked = _kept(kept, "records", asked, "records path")
+            # Fields too: a slice's offsets count the characters of the records as cut down.
+            fields = _kept(kept, "fields", fields, "fields")
+            units = units if units is not None else kept.get("limit")
         data = task.read(row, actor=READ_ARTIFACT)
         kind = row.kind or _kind(row.name)
         path = records_path(data, row.sha256, kind, asked)
         expect["records"] = None if path is None else list(path)
-        counter = task.counter
-        # The page shares the per-call threshold with the JSON around it, whose path and
-        # cursor can be long: the content gets what the largest such envelope leaves.
-        most = row.bytes
-        widest = Page("bytes", (most, most), (most, most), most, None, "", True, path)
-        envelope = counter.count(_body(row, widest, self._cursor(expect, widest.end)))
-        limit = max(task.policy.per_call_tokens - envelope, 1)
-        slice_ = page(data, row.sha256, kind, start, counter, limit, path)
-        next_cursor = self._cursor(expect, slice_.end) if slice_.has_more else None
+        if fields is not None:
+            expect["fields"] = list(fields)
+        if units is not None:
+            expect["limit"] = units
+        limit = self._content_limit(row, expect, path, fields)
+        slice_ = page(
+            data,
+            row.sha256,
+            kind,
+            start,
+            task.counter,
+            limit,
+            path,
+            units=units,
+            first=first,
+            fields=fields,
+            name=row.name,
+        )
+        next_cursor = self._cursor(expect, slice_) if slice_.has_more else None
         return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)
 
-    def _cursor(self, expect: dict[str, Any], end: tuple[int, int]) -> str:
+    def _content_limit(
+        self,
+        row: ArtifactRow,
+        expect: dict[str, Any],
+        path: tuple[str, ...] | None,
+        fields: tuple[str, ...] | None,
+    ) -> int:
+        """The tokens a page's content may take: the page shares the per-call threshold
+        with the JSON around it, whose path, fields and cursor can be long; the content
+        gets what the largest such envelope leaves."""
+        most = row.bytes
+        widest = Page(
+            "bytes", (most, most), (2 * most, most), most, None, "", True, path, None, fields, most
+        )
+        envelope = self.task.counter.count(_body(row, widest, self._cursor(expect, widest)))
+        per_call = self.task.policy.per_call_tokens
+        if fields is not None and envelope * 2 > per_call:
+            # The fields go into every page and its cursor: so many that they take half
+            # the page would leave no room for the records they pick.
+            raise ValueError(
+                f"fields names {len(fields)} keys, too many for a page to carry: name fewer"
+            )
+        return max(per_call - envelope, 1)
+
+    def _cursor(self, expect: dict[str, Any], slice_: Page) -> str:
+        """The signed position where slice_ ends, with what the reader asked for."""
         return self._signer.sign(
-            {**expect, "pos": list(end), "exp": int(time.time() + CURSOR_TTL_SECONDS)}
+            {
+                **expect,
+                "pos": list(slice_.end),
+                "unit": slice_.unit,
+                "exp": int(time.time() + CURSOR_TTL_SECONDS),
+            }
         )
 
     def _list(self) -> ToolOutput:
@@ -340,6 +424,10 @@ def _body(row: ArtifactRow, slice_: Page, next_cursor: str | None) -> str:
     body: dict[str, Any] = {"artifact_id": row.artifact_id, "path": row.path}
     if slice_.records is not None:
         body["records"] = path_text(slice_.records)
+    if slice_.fields is not None:
+        body["fields"] = list(slice_.fields)
+    if slice_.header:
+        body["header_lines"] = slice_.header
     if slice_.items is not None:
         body["items"] = slice_.items
     elif slice_.envelope is not None:
@@ -353,6 +441,7 @@ def _body(row: ArtifactRow, slice_: Page, next_cursor: str | None) -> str:
             "unit": slice_.unit,
             "position": _position(slice_.start, slice_.end),
             "total": slice_.total,
+            "returned": slice_.returned,
             "partial": slice_.partial,
             "has_more": slice_.has_more,
             "next_cursor": next_cursor,
@@ -368,6 +457,44 @@ def _position(start: tuple[int, int], end: tuple[int, int]) -> dict[str, int]:
     if start[1] or end[1]:
         position.update(start_offset=start[1], end_offset=end[1])
     return position
+
+
+def _kept(
+    kept: Mapping[str, Any], key: str, given: tuple[str, ...] | None, what: str
+) -> tuple[str, ...] | None:
+    """What a cursor was made for (its records path or fields): a call that names other
+    ones is refused, for the cursor's position is in the pages those made."""
+    made_for = tuple(kept[key]) if kept.get(key) is not None else None
+    if given is not None and given != made_for:
+        raise CursorError(
+            f"cursor belongs to another {what}: pass the same {key} as the page it came "
+            f"from, or null; or give start (without cursor) with the new {key}"
+        )
+    return made_for
+
+
+def _whole_number(args: Mapping[str, Any], name: str, low: int, high: int | None) -> int | None:
+    """An integer argument within its bounds, or None when not given."""
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"{low} to {high}" if high is not None else f"{low} or more"
+        raise ValueError(f"{name} must be {bound}, not {value}")
+    return value
+
+
+def _keys(value: Any) -> tuple[str, ...] | None:
+    """The fields argument: a list of key names, or None when not given."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"fields must be a list of key names, not {value!r}")
+    return tuple(value)
 
 
 def _kind(name: str) -> str:

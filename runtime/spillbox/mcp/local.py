@@ -48,11 +48,12 @@ class LocalTools:
         """Run one of the tools (in a worker thread: code mode blocks)."""
         return await anyio.to_thread.run_sync(self.toolset.call, name, dict(arguments or {}))
 
-    def read_page(self, artifact_id: str, cursor: str | None) -> ToolOutput:
-        """One page of an artifact, as read_artifact returns it (blocks: run it in a thread)."""
+    def read_page(self, artifact_id: str, query: Mapping[str, Any]) -> ToolOutput:
+        """One page of an artifact, as read_artifact returns it for these arguments (a
+        resource URI's query: cursor, start, limit, records, fields); blocks: run it in a
+        thread."""
         [name] = [name for name in self.names if canonical(name) == READ_ARTIFACT]
-        arguments = {"path": None, "artifact_id": artifact_id, "cursor": cursor, "records": None}
-        return self.toolset.call(name, arguments)
+        return self.toolset.call(name, {**query, "path": None, "artifact_id": artifact_id})
 
 
 def gate_view(call_id: str, name: str, output: ToolOutput) -> ToolResult:

@@ -252,20 +252,23 @@ class Proxy:
         self, ctx: Ctx, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         """A page of a stored payload; any other URI is the upstream's."""
-        parsed = parse_uri(str(params.uri))
+        try:
+            parsed = parse_uri(str(params.uri))
+        except ValueError as e:
+            raise MCPError(types.INVALID_PARAMS, f"{params.uri}: {e}") from None
         if parsed is None:
             if self.upstream is None:
                 raise MCPError(types.INVALID_PARAMS, f"unknown resource {params.uri}")
             request = types.ReadResourceRequest(params=params)
             return await self.upstream.request(request, types.ReadResourceResult, _progress(ctx))
-        task_id, artifact_id, cursor = parsed
+        task_id, artifact_id, query = parsed
         if task_id != self.task.id:
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"{params.uri} is a payload of task {task_id}; this connection serves task "
                 f"{self.task.id} (spillbox mcp serve --task {task_id} reads it)",
             )
-        output = await anyio.to_thread.run_sync(self.local.read_page, artifact_id, cursor)
+        output = await anyio.to_thread.run_sync(self.local.read_page, artifact_id, query)
         if output.is_error:
             raise MCPError(types.INVALID_PARAMS, output.text)
         page = json.loads(output.text)
