@@ -125,7 +125,10 @@ def _words(query: object) -> list[str]:
 
 
 def _matches(row: ArtifactRow, order: int, text: str, words: list[str]) -> Iterator[_Hit]:
-    for number, line in enumerate(text.splitlines()):
+    # Lines end at "\n" alone, as in NDJSON and read_artifact's pages: str.splitlines would
+    # also break at U+2028, U+0085 and the like, which JSON leaves raw inside a record.
+    for number, line in enumerate(text.removesuffix("\n").split("\n")):
+        line = line.removesuffix("\r")
         folded = line[:MAX_LINE_SCAN_CHARS].casefold()
         if not all(w in folded for w in words):
             continue
