@@ -2,18 +2,21 @@
 
 The fallback compaction archives the turns it moves out of a request here, and the loop
 records every turn here when asked (run(..., record_turns=True)): one JSON message a line,
-so one SQL table (SELECT role, count(*) FROM "spillbox-history") and one file for grep hold
-every earlier turn, and search_artifacts finds any of them.
+so one SQL table and one file for grep hold every earlier turn, and search_artifacts finds
+any of them.
 
     history = History(task)
     span = history.append(messages)   # span.first..span.last: their lines in the history
     span.admitted.text                # the notice of the history as it now is
 
 An artifact is stored whole under its sha256, so appending stores the history again with
-the new lines after the old ones (its bytes begin with the previous copy's, byte for byte)
-and then deletes the copy it replaces: one live history per task, never a chain of them.
-Every copy has the call id HISTORY_REF, so that reference always opens the live one; its
-line positions never change.
+the new lines after the old ones (its bytes begin with the previous copy's, byte for byte):
+the newest copy holds every turn, never a chain to walk back through. Every copy has the
+call id HISTORY_REF, which is no artifact's id, so that reference always opens the newest;
+line positions never change. The copies it supersedes are left to the task's retention,
+not deleted: deleting an artifact also stops the sandbox's Python session and removes the
+work files made since it was stored (the retention path forgets what a payload may have
+left), a price no append should make the model pay.
 """
 
 from __future__ import annotations
@@ -24,18 +27,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spillbox.errors import SpillboxError
 from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
-    from spillbox.types import Admitted
+    from spillbox.types import Admitted, ArtifactRow
 
 HISTORY_TOOL = "spillbox_history"
 """The tool name the task's history is stored under (list_artifacts shows it)."""
-HISTORY_REF = "spillbox-history"
-"""The call id every copy of the history is stored under: read_artifact, search_artifacts
-and Task.artifact find the live copy by it, whichever artifact id that copy has."""
+HISTORY_REF = "spillbox:history"
+"""The call id every copy of the history is stored under; not a plain file name, so no
+artifact id equals it, and read_artifact and Task.artifact find the newest copy by it."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class History:
         new: list[bytes] = []
         positions: list[int] = []
         for message in messages:
-            line = json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n"
+            line = _line(message)
             known = self._lines.get(_digest(line)) if skip_known else None
             if known is None:
                 known = self._count + len(new)
@@ -95,11 +97,12 @@ class History:
     def _refresh(self) -> None:
         """Follow the task's live history: another History (or process) may have
         appended since, and retention may have removed it."""
-        rows = [r for r in self.task.artifacts() if r.tool == HISTORY_TOOL]
-        latest = rows[-1].artifact_id if rows else None
-        if latest != self._row:
-            self._row, self._data, self._count, self._lines = latest, b"", 0, {}
-            self._index(self.task.read(rows[-1], actor=HISTORY_TOOL) if rows else b"")
+        latest = newest(self.task.artifacts())
+        if (latest.artifact_id if latest else None) != self._row:
+            self._row, self._data, self._count, self._lines = None, b"", 0, {}
+            if latest is not None:
+                self._row = latest.artifact_id
+                self._index(self.task.read(latest, actor=HISTORY_TOOL))
 
     def _index(self, data: bytes) -> None:
         """Take data (whole lines) after what is held, remembering each line's position."""
@@ -109,19 +112,28 @@ class History:
         self._data += data
 
     def _store(self, data: bytes) -> Admitted:
-        """Store data as the history (the same bytes again: the stored copy's notice) and
-        delete the copy it replaces."""
+        """Store data as the history (the same bytes again: the stored copy's notice)."""
         admitted = self.task.offload(ToolResult(HISTORY_REF, HISTORY_TOOL, data.decode("utf-8")))
         assert admitted.artifact is not None  # an offload always stores
-        previous, self._row = self._row, admitted.artifact.id
+        self._row = admitted.artifact.id
         self._index(data[len(self._data) :])
-        if previous is not None and previous != self._row:
-            try:
-                # The new copy holds every byte of this one: nothing is lost.
-                self.task.delete(previous, by="compaction")
-            except SpillboxError:
-                pass  # pinned (legal hold) or already gone: it stays as retention says
         return admitted
+
+
+_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+"""Characters JSON may leave raw that some line readers (str.splitlines, DuckDB's NDJSON
+reader) take as a line's end: escaped, so a record is always one line to every reader."""
+
+
+def _line(message: Mapping[str, Any]) -> bytes:
+    """One message as one line of the history: JSON, readable unicode, escaped breaks (the
+    same message to json.loads)."""
+    return json.dumps(message, ensure_ascii=False).translate(_BREAKS).encode("utf-8") + b"\n"
+
+
+def newest(rows: Sequence[ArtifactRow]) -> ArtifactRow | None:
+    """The newest live copy of the history among a task's artifacts (oldest first)."""
+    return next((r for r in reversed(rows) if r.tool == HISTORY_TOOL and r.state == "live"), None)
 
 
 def _digest(line: bytes) -> bytes:

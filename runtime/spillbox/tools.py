@@ -180,9 +180,10 @@ SPECS: dict[str, ToolSpec] = {
     SEARCH_ARTIFACTS: ToolSpec(
         SEARCH_ARTIFACTS,
         "Find lines holding every word of a query (case-insensitive) in this task's text "
-        "artifacts and its history of earlier turns (artifact_id spillbox-history, one JSON "
-        "message a line). Returns short snippets, best first, each with its artifact_id and "
-        "its line (the record's position, as read_artifact counts) and offset.",
+        "artifacts and its history of earlier turns (one JSON message a line; read_artifact "
+        'with artifact_id "spillbox:history" opens it). Returns short snippets, best first, '
+        "each with its artifact_id and its line (the record's position, as read_artifact "
+        "counts) and offset.",
         {
             "type": "object",
             "properties": {
