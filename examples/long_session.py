@@ -7,12 +7,16 @@ It runs the session twice:
   compaction and tool-result clearing. A 32k window puts the compaction trigger under
   Anthropic's 50,000-token minimum, so the plan is clear_tool_uses (the request
   parameters and beta header are printed, with OpenAI's for gpt-5.4 beside them). Before
-  the provider would clear them, spillbox stores the tool results in the task; the model
-  here is scripted, so no provider clears anything, and where the history would pass a
-  hard limit spillbox's own fallback runs.
-- fallback: the model is gpt-4.1 on Chat Completions (no native compaction), so
-  spillbox's reversible stages run: tool results become notices, then older turns are
-  archived into the task with one notice that leads to them.
+  the provider would clear them, spillbox stores the tool results in the task, and
+  record_turns=True keeps every turn in the task's history (what a provider's compaction
+  removes can always be read back); the model here is scripted, so no provider clears
+  anything, and where the history would pass the window spillbox's own fallback runs.
+- fallback: the model is gpt-4.1 on Chat Completions (no native compaction), so run()'s
+  default compactor, spillbox's reversible Fallback, runs: tool results become notices,
+  then (if still needed) older turns move into the task's one history.
+
+With the default routes the conversation shares the window: compaction starts when a
+request reaches 80% of what the window leaves after the output reserve.
 
 Each step prints the budget report: tokens in, the output reserve, headroom, use and
 limit per route ("!" over the soft limit), and the compaction that ran.
@@ -32,8 +36,8 @@ from typing import Any
 
 from spillbox import Harness
 from spillbox.budget import Budget
-from spillbox.compaction import ARCHIVE_TOOL, Fallback
-from spillbox.loop import ScriptedModel, ToolCall, Turn, UserTool, run
+from spillbox.history import HISTORY_REF, HISTORY_TOOL
+from spillbox.loop import LoopResult, ScriptedModel, ToolCall, Turn, UserTool, run
 from spillbox.native import Native, plan_native
 from spillbox.tools import ToolSpec
 
@@ -78,16 +82,17 @@ def script(messages: Sequence[Mapping[str, Any]]) -> Turn:
 def session(harness: Harness, name: str, model: str) -> None:
     budget = Budget(window=WINDOW, model=model)
     with harness.task(f"long-session-{name}") as task:
+        # The fallback session leaves compactor out: run() then uses Fallback(task).
+        extra: dict[str, Any] = {}
         if name == "native":
             plan = plan_native("anthropic", model, budget)
             print(f"plan: {plan.feature} ({plan.reason})")
             print(f"  request parameters: {json.dumps(plan.params)}  betas: {list(plan.betas)}")
-            openai = plan_native("responses", "gpt-5.4", budget, store=False)
+            openai = plan_native("responses", "gpt-5.4", budget)
             print(f"  gpt-5.4 on Responses would get: {json.dumps(openai.params)}")
-            compactor: Native | Fallback = Native(task, plan)
+            extra = {"compactor": Native(task, plan), "record_turns": True}
         else:
             print(f"plan: {plan_native('chat_completions', model, budget).reason}")
-            compactor = Fallback(task)
         result = run(
             task,
             ScriptedModel(script),
@@ -96,19 +101,33 @@ def session(harness: Harness, name: str, model: str) -> None:
             system=SYSTEM,
             max_steps=STEPS + 5,
             budget=budget,
-            compactor=compactor,
+            **extra,
         )
         for step, report in enumerate(result.reports):
             print(f"step {step:2d}: {report}")
-        archives = [a for a in task.artifacts() if a.tool == ARCHIVE_TOOL]
+        copies = [a for a in task.artifacts() if a.tool == HISTORY_TOOL]
+        lines = task.read(HISTORY_REF).count(b"\n") if copies else 0
         highest = max(r.input_tokens for r in result.reports)
         print(
             f"answer: {result.answer}\n"
             f"{len(result.steps)} tool steps; the largest request {highest:,} tokens of the "
             f"{budget.input_limit:,} the window leaves after the output reserve; "
-            f"{len(task.artifacts())} artifacts in the task ({len(archives)} archives of "
-            f"turns), all readable with read_artifact\n"
+            f"{first_compaction(result)}; {len(task.artifacts())} artifacts in the task "
+            f"(the task's history: {lines} turns in its newest copy, {len(copies)} copies "
+            "under retention), all readable with read_artifact\n"
         )
+
+
+def first_compaction(result: LoopResult) -> str:
+    """How full the request before the first compaction was."""
+    for before, report in zip(result.reports, result.reports[1:], strict=False):
+        if any(stage.freed > 0 for stage in report.stages):
+            limit = before.window - before.reserve_output
+            return (
+                f"the first compaction ran after a request of {before.input_tokens:,} tokens "
+                f"({before.input_tokens / limit:.0%} of {limit:,})"
+            )
+    return "no compaction freed any tokens"
 
 
 def main(argv: list[str]) -> int:

@@ -305,13 +305,18 @@ def test_add_tools_adds_ours_once_and_keeps_the_users(task: Task) -> None:
     tools = add_tools([user, stale], toolset, "openai")
     assert tools[0] == user
     names = [t["function"]["name"] for t in tools]
-    assert names == ["list_prs", "read_artifact", "list_artifacts"]
+    assert names == ["list_prs", "read_artifact", "list_artifacts", "search_artifacts"]
     assert tools[1:] == toolset.definitions("openai")  # ours, not the stale copy
     assert add_tools(tools, toolset, "openai") == tools  # idempotent
 
     anthropic_user = {"name": "search", "description": "CRM", "input_schema": {"type": "object"}}
     tools = add_tools(add_tools([anthropic_user], toolset, "anthropic"), toolset, "anthropic")
-    assert [t["name"] for t in tools] == ["search", "read_artifact", "list_artifacts"]
+    assert [t["name"] for t in tools] == [
+        "search",
+        "read_artifact",
+        "list_artifacts",
+        "search_artifacts",
+    ]
     assert add_tools([], toolset, "responses") == toolset.definitions("responses")
 
 

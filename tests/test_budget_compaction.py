@@ -15,6 +15,7 @@ from spillbox import Harness, Task, parse_notice
 from spillbox.budget import Budget, BudgetExceeded, Provider, Route, default_routes
 from spillbox.compaction import ARCHIVE_MARK, ARCHIVE_TOOL, Fallback
 from spillbox.errors import ConfigError
+from spillbox.history import HISTORY_REF
 from spillbox.loop import to_anthropic
 from spillbox.tools import Toolset
 
@@ -234,10 +235,11 @@ def test_archived_turns_are_searchable_with_sql_and_grep(docker_home: Path) -> N
         chat = chat_history(30, lines=50)
         report = budget(2_500, 2_500).check({"messages": chat}, "chat_completions", Fallback(task))
         assert "archive" in [s.name for s in report.stages]
-        [artifact] = [a for a in task.artifacts() if a.tool == ARCHIVE_TOOL]
+        artifact = task.artifact(HISTORY_REF)  # the newest copy: every archived turn
+        assert artifact.tool == ARCHIVE_TOOL
         rows = task.exec(
             "sql",
-            f'SELECT role, count(*) AS n FROM "{artifact.call_id}" GROUP BY role ORDER BY role',
+            f'SELECT role, count(*) AS n FROM "{artifact.artifact_id}" GROUP BY role ORDER BY role',
         )
         assert rows.exit_code == 0, rows.stderr
         moved = [json.loads(line) for line in task.read(artifact).decode().splitlines()]

@@ -109,8 +109,12 @@ def test_the_api_of_the_issue(harness: Harness) -> None:
         assert json.loads(fields["keys"]) == ["id", "title", "state", "body"]
         assert big.inline_tokens == default_counter().count(big.text)
         assert big.artifact.path.endswith(".json")
-        # The store-only backend runs no code: its notices name no tool that is not there.
-        assert "hint" not in fields
+        # The store-only backend runs no code and no tools are registered: the notice names
+        # the one route that works there, the CLI on the same store (issue 25 item 7).
+        assert fields["hint"] == (
+            f"cli: spillbox call --sandbox none --task 't1' read_artifact "
+            f'\'{{"artifact_id": "{big.artifact.id}"}}\''
+        )
 
 
 def test_error_flag_is_carried(harness: Harness) -> None:
@@ -200,8 +204,9 @@ def test_the_same_step_twice_gives_the_same_texts(harness: Harness) -> None:
     with harness.task("t2") as other:
         elsewhere = [item.text for item in other.admit(step)]
     assert again == first
-    # Another task stores elsewhere: the texts differ only by the task's folder.
-    assert [t.replace("/tasks/t2/", "/tasks/t1/") for t in elsewhere] == first
+    # Another task stores elsewhere: the texts differ only by the task's folder and name.
+    moved = [t.replace("/tasks/t2/", "/tasks/t1/") for t in elsewhere]
+    assert [t.replace("--task 't2'", "--task 't1'") for t in moved] == first
 
 
 def test_a_repeated_call_id_with_new_content_gets_a_new_file(harness: Harness) -> None:

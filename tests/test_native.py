@@ -98,7 +98,9 @@ def test_responses_compaction_params_validate_against_the_openai_sdk() -> None:
     TypeAdapter(list[ContextManagement]).validate_python(plan.params["context_management"])
     for entry in plan.params["context_management"]:
         conforms(ContextManagement, entry)
-    assert "store" not in plan_native("responses", "gpt-5.4", budget).params
+    # store=False is the default (issue 25 item 5): the loop never chains responses.
+    assert plan_native("responses", "gpt-5.4", budget).params["store"] is False
+    assert plan_native("responses", "gpt-5.4", budget, store=True).params["store"] is True
 
 
 def test_the_compact_endpoint_params_validate_against_the_openai_sdk() -> None:

@@ -267,7 +267,7 @@ def test_definitions_are_valid_in_every_shape_and_name_only_available_tools(
         task.register_tools(toolset.names)
         names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
     # sandbox="none" has no code mode: sandbox_exec must not be offered.
-    assert names == ["read_artifact", "list_artifacts"]
+    assert names == ["read_artifact", "list_artifacts", "search_artifacts"]
     assert task.tools == frozenset(names)
 
 
@@ -303,7 +303,7 @@ def test_a_backend_with_code_mode_offers_sandbox_exec(harness: Harness) -> None:
         task.register_tools(toolset.names)
         for fmt in ("openai", "responses", "anthropic"):
             names = check_definitions(toolset.definitions(fmt), fmt)  # type: ignore[arg-type]
-            assert names == ["sandbox_exec", "read_artifact", "list_artifacts"]
+            assert names == ["sandbox_exec", "read_artifact", "list_artifacts", "search_artifacts"]
         [spec] = [s for s in toolset.specs() if s.name == "sandbox_exec"]
         assert spec.parameters["required"] == [
             "lang",
@@ -451,6 +451,11 @@ CALLS: dict[str, list[dict[str, Any]]] = {
         {"path": "c1.txt", "cursor": "CURSOR"},
     ],
     "list_artifacts": [{}],
+    "search_artifacts": [
+        {"query": "line"},
+        {"query": "line", "top_k": 3},
+        {"query": "line", "artifact": "c1"},
+    ],
 }
 
 
@@ -894,10 +899,14 @@ def test_notice_hints_are_calls_of_the_registered_tools(harness: Harness) -> Non
         "bin": bytes(range(256)) * 10,
     }
     with harness.task("before") as task:
-        # No tools registered, and sandbox="none" has no code mode: no hint at all, rather
-        # than one that cannot run.
+        # No tools registered, and sandbox="none" has no code mode: the one route that
+        # works there, the CLI on the same store, rather than a tool that is not offered.
         for call_id, content in payloads.items():
-            assert hint_lines(offload(task, call_id, content).text) == []
+            [line] = hint_lines(offload(task, call_id, content).text)
+            assert line == (
+                "cli: spillbox call --sandbox none --task 'before' read_artifact "
+                f'\'{{"artifact_id": "{call_id}"}}\''
+            )
     with harness.task("after") as task:
         toolset = Toolset(task)
         task.register_tools(toolset.names)

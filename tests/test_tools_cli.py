@@ -48,12 +48,17 @@ def test_tools_prints_the_definitions(
         "sandbox_exec",
         "read_artifact",
         "list_artifacts",
+        "search_artifacts",
     ]
     # Valid as the provider SDK's own type, and strict, as printed.
     assert check_definitions(definitions, fmt) == [name_of(d) for d in definitions]  # type: ignore[operator]
     assert schema_of(definitions[0])["properties"]["lang"]["enum"] == list(LANGS)  # type: ignore[operator]
     code, out, _ = run_cli(capsys, "tools", "--format", fmt, "--sandbox", "none")
-    assert [name_of(d) for d in json.loads(out)] == ["read_artifact", "list_artifacts"]  # type: ignore[operator]
+    assert [name_of(d) for d in json.loads(out)] == [  # type: ignore[operator]
+        "read_artifact",
+        "list_artifacts",
+        "search_artifacts",
+    ]
 
 
 def test_tools_rejects_an_unknown_format(capsys: pytest.CaptureFixture[str]) -> None:

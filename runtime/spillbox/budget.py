@@ -5,9 +5,13 @@ retrieved content), in the tokens of the model it goes to, and each route is hel
 limit. Over a soft limit the check asks a compactor to make room; over a hard limit after
 that it raises BudgetExceeded. Nothing is ever cut silently.
 
-    budget = Budget(window=32_000)
+    budget = Budget(window=32_000)                 # or Budget(model="gpt-4.1"): its window
     report = budget.check({"messages": messages, "tools": tools}, provider="chat_completions")
     print(report)   # use and limit per route, headroom
+
+With the default routes the conversation (history, tool results, retrieved content) shares
+what the window leaves after the output reserve and the system prompt and tools use:
+compaction starts at DEFAULT_SOFT_SHARE of that room, not at one route's own share.
 
 Counting is incremental: each text is counted once and remembered by its content, so a
 check after one new message costs time proportional to that message.
@@ -15,6 +19,7 @@ check after one new message costs time proportional to that message.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,10 +45,42 @@ DEFAULT_ROUTE_SHARES = {
     "tool_results": 0.30,
     "retrieved": 0.05,
 }
-"""The default routes' limits as shares of the window; output takes the rest (15%)."""
+"""The default routes' limits as shares of the window; output takes the rest (15%). With
+the default routes the compactable ones share their room (Budget's share_room): these are
+then the nominal split, and each may use what the others leave."""
 DEFAULT_OUTPUT_SHARE = 0.15
 DEFAULT_SOFT_SHARE = 0.8
-"""A route's soft limit, where compaction starts, as a share of its hard limit."""
+"""A route's soft limit, where compaction starts, as a share of its hard limit (and, with
+shared room, the share of the input limit where it starts)."""
+
+CONTEXT_WINDOWS: tuple[tuple[str, int], ...] = (
+    # Anthropic's models overview (platform.claude.com, the zh-CN page as stored): Claude
+    # Fable 5.x, Opus 5 and Sonnet 5 have 1M tokens, Haiku 4.5 200K. Mythos 5 shares Fable 5's
+    # specs (the English overview: "Claude Mythos 5 shares Claude Fable 5's specs").
+    ("claude-fable-5*", 1_000_000),
+    ("claude-mythos-5*", 1_000_000),
+    ("claude-opus-5*", 1_000_000),
+    ("claude-sonnet-5*", 1_000_000),
+    ("claude-haiku-4-5*", 200_000),
+    # Anthropic's Claude Sonnet 4.6 page (platform.claude.com/docs/zh-CN/models/sonnet-4-6):
+    # "Context window: 1M tokens".
+    ("claude-sonnet-4-6*", 1_000_000),
+    # The rest of Claude 4.x (Opus 4.8 to 4.5, Sonnet 4.5): the sources disagree (third-party
+    # tables give Opus 4.8 1M or 200K; Anthropic's release notes gave Opus 4.6 1M as a beta
+    # with long-context pricing past 200K). The smaller figure: a window set too small
+    # compacts early, one set too large lets a request fail at the provider.
+    ("claude-opus-4*", 200_000),
+    ("claude-sonnet-4*", 200_000),
+    # OpenAI: an experiment report (rewards-assistant-docs.fetchrewards.com, gpt-5.4
+    # compaction) runs gpt-5.4 and gpt-5.4-mini at 1M and gpt-5-mini at 400K; no OpenAI
+    # page in the stored docs states the windows of gpt-5.5 and later, so they are left out.
+    ("gpt-5.4*", 1_000_000),
+    ("gpt-5", 400_000),
+    ("gpt-5-*", 400_000),
+)
+"""Context windows of known models (a glob over the name, first match wins), for
+Budget(model=...) without a window; the caller's window= always wins. Each row says what
+it rests on; a model not here needs window=."""
 
 MESSAGE_OVERHEAD_TOKENS = 4
 """Tokens a message costs beyond its content (role and separators), as OpenAI counts them."""
@@ -57,7 +94,11 @@ class BudgetExceeded(SpillboxError):
     """A route is over its hard limit, after whatever compaction could do."""
 
     def __init__(self, route: str, used: int, limit: int, report: BudgetReport) -> None:
-        advice = _ADVICE.get(route, f"raise routes[{route!r}]")
+        advice = (
+            _SHARED_ADVICE
+            if route in report.shared
+            else _ADVICE.get(route, f"raise routes[{route!r}]")
+        )
         super().__init__(
             f"the {route!r} route uses {used:,} tokens, over its hard limit of {limit:,} "
             f"(window {report.window:,}, after {report.stages_text()}): {advice}"
@@ -72,6 +113,10 @@ _ADVICE = {
     "tool_results": "raise routes['tool_results'], or pass a compactor so older results move out",
     "retrieved": "raise routes['retrieved'] (or retrieve less)",
 }
+_SHARED_ADVICE = (
+    "the conversation fills what the window leaves after the output reserve, the system "
+    "prompt and the tools: pass a compactor so older turns and results move out, or raise window"
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +180,9 @@ class BudgetReport:
     stages: list[Stage] = field(default_factory=list)
     compactable: frozenset[str] = frozenset()
     """The routes a compactor can shrink (those history, tool_results and retrieved count in)."""
+    shared: frozenset[str] = frozenset()
+    """The routes that share their room (Budget's share_room): each one's soft and hard
+    limit is what the window leaves it beside the others' use."""
 
     @property
     def needs_room(self) -> bool:
@@ -148,6 +196,21 @@ class BudgetReport:
 
     def route(self, name: str) -> RouteUse:
         return next(r for r in self.routes if r.name == name)
+
+    def excess(self, share: float) -> int:
+        """Tokens to free so that every compactable route is at most share of its hard
+        limit; routes that share their room count once, as one pool."""
+        pool = [r for r in self.routes if r.name in self.shared]
+        excess = 0
+        if pool:
+            used = sum(r.used for r in pool)
+            # The pool's room: the input limit less the rest of the request.
+            limit = self.window - self.reserve_output - (self.input_tokens - used)
+            excess += max(used - int(limit * share), 0)
+        for r in self.routes:
+            if r.name in self.compactable and r.name not in self.shared:
+                excess += max(r.used - int(r.limit * share), 0)
+        return excess
 
     def room(self, name: str) -> int:
         """Tokens a route may still take before its hard limit, within what the window
@@ -228,17 +291,21 @@ class Budget:
     ...              provider="chat_completions").route("history").used
     5
 
-    routes replaces the defaults (a name with an int or a Route; default_routes(window)
-    gives them, to change one); reserve_output is the
-    output route's limit. Renamed or dropped routes: kinds maps each kind of content
-    (system, tools, history, tool_results, retrieved) to the route it counts against;
-    a kind whose route is dropped counts against history. model counts in that model's
-    own tokens (tokens.counter_for_model); counter overrides it.
+    window may be left out with a model CONTEXT_WINDOWS knows. routes replaces the
+    defaults (a name with an int or a Route; default_routes(window) gives them, to change
+    one); reserve_output is the output route's limit. share_room (by default: when routes
+    is not given) lets the compactable routes share their room: each may take what the
+    window leaves beside the others, so compaction starts when the whole input reaches
+    DEFAULT_SOFT_SHARE of the input limit and BudgetExceeded comes past the input limit
+    (the system and tools routes keep their own limits). Renamed or dropped routes: kinds
+    maps each kind of content (system, tools, history, tool_results, retrieved) to the
+    route it counts against; a kind whose route is dropped counts against history. model
+    counts in that model's own tokens (tokens.counter_for_model); counter overrides it.
     """
 
     def __init__(
         self,
-        window: int,
+        window: int | None = None,
         routes: Mapping[str, int | Route] | None = None,
         reserve_output: int | None = None,
         *,
@@ -246,7 +313,10 @@ class Budget:
         model: str | None = None,
         counter: TokenCounter | None = None,
         route_of: RouteOf | None = None,
+        share_room: bool | None = None,
     ) -> None:
+        if window is None:
+            window = _known_window(model)
         if not _positive_int(window):
             raise ConfigError(f"window must be a positive number of tokens, got {window!r}")
         self.window = window
@@ -257,6 +327,11 @@ class Budget:
         self._routes = _routes(window, routes, reserve_output)
         self.reserve_output = self._routes[OUTPUT].limit
         self._kinds = _kinds(self._routes, kinds)
+        self._shared = (
+            frozenset(self._kinds[k] for k in COMPACTABLE)
+            if (routes is None if share_room is None else share_room)
+            else frozenset()
+        )
         self._texts: dict[tuple[int, int], int] = {}
         self._objects: dict[int, tuple[object, int]] = {}
 
@@ -300,10 +375,14 @@ class Budget:
             report = self.measure(compacted, provider)
             report.stages = stages
         # The routes add up to at most the window, so a request within every route's hard
-        # limit is within the window too.
-        for use in report.routes:
-            if use.over_hard:
-                raise BudgetExceeded(use.name, use.used, use.limit, report)
+        # limit is within the window too; shared routes are over together, named by the
+        # largest.
+        over = sorted(
+            report.over_hard,
+            key=lambda r: (r.name in report.shared, -r.used if r.name in report.shared else 0),
+        )
+        if over:
+            raise BudgetExceeded(over[0].name, over[0].used, over[0].limit, report)
         return report
 
     def measure(self, request: Mapping[str, Any], provider: Provider) -> BudgetReport:
@@ -328,16 +407,32 @@ class Budget:
         for _, kind, tokens in parts:
             used[self._kinds[kind]] += tokens
         used[OUTPUT] = self.reserve_output
-        routes = [RouteUse(n, used[n], r.soft, r.limit) for n, r in self._routes.items()]
+        input_tokens = sum(t for _, _, t in parts)
+        routes = [
+            self._shared_use(n, used[n], input_tokens)
+            if n in self._shared
+            else RouteUse(n, used[n], r.soft, r.limit)
+            for n, r in self._routes.items()
+        ]
         return BudgetReport(
             provider=provider,
             window=self.window,
             routes=routes,
-            input_tokens=sum(t for _, _, t in parts),
+            input_tokens=input_tokens,
             reserve_output=self.reserve_output,
             request=request,
             parts=parts,
             compactable=frozenset(self._kinds[k] for k in COMPACTABLE),
+            shared=self._shared,
+        )
+
+    def _shared_use(self, name: str, used: int, input_tokens: int) -> RouteUse:
+        """A shared route's use, its limits what the input limit leaves it beside the rest
+        of the request: over its soft limit exactly when the whole input is past
+        compact_threshold(), over its hard limit when it is past input_limit."""
+        rest = input_tokens - used
+        return RouteUse(
+            name, used, max(self.compact_threshold() - rest, 0), max(self.input_limit - rest, 0)
         )
 
     def compact_threshold(self) -> int:
@@ -369,6 +464,18 @@ class Budget:
         tokens = self.counter.count(json.dumps(value, ensure_ascii=False, default=str))
         self._objects[id(value)] = (value, tokens)  # the reference keeps the id unique
         return tokens
+
+
+def _known_window(model: str | None) -> int:
+    """The window of a model CONTEXT_WINDOWS knows; a clear error otherwise."""
+    if model is None:
+        raise ConfigError("window: give the model's window in tokens, or model= a known model")
+    for pattern, window in CONTEXT_WINDOWS:
+        if fnmatch.fnmatchcase(model, pattern):
+            return window
+    raise ConfigError(
+        f"window: spillbox does not know the window of {model!r}: give window= (tokens)"
+    )
 
 
 def default_routes(window: int) -> dict[str, int | Route]:

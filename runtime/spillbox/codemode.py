@@ -251,7 +251,19 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
         found.append(Hint("sh", f"tail -n 20 {artifact.path}"))
     elif "sh" in languages and shape.kind == "binary":
         found.append(Hint("sh", f"od -A d -t x1 {artifact.path} | head -n 8"))
-    return found
+    return found or [recovery_hint(artifact, languages)]
+
+
+def recovery_hint(artifact: Artifact, languages: Sequence[str]) -> Hint:
+    """A way back to an artifact that needs neither code mode nor registered tools (a
+    store-only harness that offers the model no tools): the CLI's read_artifact call, on
+    the same store, for whoever runs the harness. No notice is left without a route."""
+    sandbox = "" if languages else " --sandbox none"
+    arguments = json.dumps({"artifact_id": artifact.id}, ensure_ascii=False)
+    task = shell_quote(artifact.task_id)
+    return Hint(
+        "cli", f"spillbox call{sandbox} --task {task} read_artifact {shell_quote(arguments)}"
+    )
 
 
 def _named_columns(keys: Sequence[str]) -> list[str]:

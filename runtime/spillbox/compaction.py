@@ -5,9 +5,10 @@ limits, Fallback runs these stages in order, each only while the budget is still
 
   a. tool results: all but the last few move into the task's sandbox and become notices
      (adapters.compact_history); read_artifact opens them again.
-  b. archive: the oldest turns move into the task as one artifact (NDJSON, one message a
-     line, searchable with SQL and grep, under the task's retention), and one message in
-     their place says what was archived and how to open it. The system prompt (every
+  b. archive: the oldest turns are appended to the task's history (spillbox.history: one
+     NDJSON artifact per task, one message a line, searchable with SQL, grep and
+     search_artifacts, under the task's retention), and one message in their place says
+     which lines of the history they are and how to open them. The system prompt (every
      system or developer message) and the first user message (the task) always stay.
   c. summary: only with a summariser (a callable); the turns it summarises are archived
      first, as in b, and the summary stands beside the archive's notice.
@@ -19,15 +20,13 @@ limits, Fallback runs these stages in order, each only while the budget is still
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spillbox.adapters import compact_history
 from spillbox.budget import BudgetReport, Provider, Stage, message_list_key
 from spillbox.errors import ConfigError
-from spillbox.types import ToolResult
+from spillbox.history import HISTORY_REF, HISTORY_TOOL, History
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
@@ -39,8 +38,8 @@ DEFAULT_MIN_RECENT = 4
 DEFAULT_KEEP_RECENT = 12
 """With a summariser, stage b archives down to this many latest messages; stage c
 summarises further, down to min_recent."""
-ARCHIVE_TOOL = "spillbox_history"
-"""The tool name an archive of turns is stored under (list_artifacts shows it)."""
+ARCHIVE_TOOL = HISTORY_TOOL
+"""The tool name the task's history of archived turns is stored under."""
 ARCHIVE_MARK = "[spillbox: earlier turns archived]"
 """The first words of the message that stands for archived turns."""
 DEFAULT_TARGET_SHARE = 0.6
@@ -93,6 +92,7 @@ class Fallback:
         self.keep_tool_results = keep_tool_results
         self.min_recent = min_recent
         self.keep_recent = keep_recent if summariser is not None else min_recent
+        self.history = History(task)
 
     def compact(
         self, request: Mapping[str, Any], provider: Provider, measure: Measure
@@ -153,35 +153,28 @@ class Fallback:
         for index, _, count in report.parts:
             if 0 <= index < len(tokens):
                 tokens[index] += count
-        need = _NOTICE_ALLOWANCE_TOKENS + sum(
-            r.used - int(r.limit * self.target_share)
-            for r in report.routes
-            if r.name in report.compactable and r.used > r.limit * self.target_share
-        )
+        need = _NOTICE_ALLOWANCE_TOKENS + report.excess(self.target_share)
         cut = next((j for j in cuts if sum(tokens[start:j]) >= need), cuts[-1])
         moved = [m for m in messages[start:cut] if not _is_system(m, provider)]
         kept_system = [m for m in messages[start:cut] if _is_system(m, provider)]
         if not any(not _is_archive_notice(m) for m in moved):
             return None  # only an earlier archive's notice could move: no room to gain
-        call_id, text = self._store(moved, start, cut)
+        # A turn the loop already recorded (run's record_turns) is not stored twice.
+        span = self.history.append(moved, skip_known=True)
+        text = (
+            f"{len(moved)} messages (positions {start}-{cut - 1} of the conversation) were "
+            "moved to the task's history to keep the request within its token budget: lines "
+            f"{span.first}-{span.last} of {HISTORY_REF!r}, which holds every archived turn of "
+            "this task whole, one JSON message a line, and is only ever appended to (where "
+            "spillbox's tools are offered, search_artifacts finds any turn in it). The notice "
+            "below says how to open it.\n" + span.admitted.text
+        )
         if summariser is not None:
             text = f"Summary of the archived turns:\n{summariser(moved)}\n\n{text}"
         notice = {"role": "user", "content": f"{ARCHIVE_MARK} {text}"}
-        detail = f"{len(moved)} messages archived as {call_id}"
+        detail = f"{len(moved)} messages archived as lines {span.first}-{span.last}"
+        detail += f" of {span.artifact_id}"
         return [*messages[:start], *kept_system, notice, *messages[cut:]], detail
-
-    def _store(self, moved: Sequence[Mapping[str, Any]], start: int, cut: int) -> tuple[str, str]:
-        """Store the moved messages as one NDJSON artifact: its call id, and the text that
-        stands for them."""
-        lines = "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in moved)
-        call_id = "history-" + hashlib.sha256(lines.encode("utf-8")).hexdigest()[:16]
-        admitted = self.task.offload(ToolResult(call_id, ARCHIVE_TOOL, lines))
-        return call_id, (
-            f"{len(moved)} messages (positions {start}-{cut - 1} of the conversation) were "
-            "moved to the task's sandbox to keep the request within its token budget; "
-            "they are stored whole, one JSON message a line. Open them with read_artifact "
-            "or search them with code mode.\n" + admitted.text
-        )
 
 
 def _replaced(

@@ -10,30 +10,35 @@ results (the user's and spillbox's) pass the gate together, so parallel calls co
 aggregate. A tool's images (a script's charts) stay in its tool message, as Chat
 Completions image parts after the text, each with its artifact's path (IMAGE_PATH); each
 model sends them in its provider's shape (to_chat_completions, to_responses,
-to_anthropic). With a budget, the history is checked before every model call:
+to_anthropic). With a budget, the history is checked before every model call, and
+compacted by default (the model's NativePlan through Native, else spillbox's Fallback;
+compactor=None turns compaction off); record_turns=True also keeps every turn in the
+task's history (spillbox.history), whatever a provider's compaction does:
 
-    result = run(task, model, prompt, budget=Budget(window=32_000), compactor=Fallback(task))
+    result = run(task, model, prompt, budget=Budget(window=32_000), record_turns=True)
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from spillbox.adapters import image_caption, image_part
 from spillbox.budget import IMAGE_TOKENS, PROVIDER_CONTENT, Budget, BudgetReport, Compactor
+from spillbox.compaction import Fallback
 from spillbox.errors import ConfigError, SpillboxError
+from spillbox.history import History
+from spillbox.native import Native, NativePlan, features, plan_native
 from spillbox.tools import Format, Toolset, ToolSpec
 from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.config import ModelEndpoint
-    from spillbox.native import NativePlan
     from spillbox.protocols import TaskHandle
     from spillbox.tokens import TokenCounter
     from spillbox.types import Admitted, Image
@@ -124,7 +129,8 @@ def run(
     system: str | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     budget: Budget | None = None,
-    compactor: Compactor | None = None,
+    compactor: Compactor | None | Literal["default"] = "default",
+    record_turns: bool = False,
 ) -> LoopResult:
     """Run the model until it answers without tool calls (or max_steps is reached).
 
@@ -133,11 +139,21 @@ def run(
     continues from the compacted one), over a hard limit BudgetExceeded is raised before
     the call. Each check's report is in LoopResult.reports. The step's results are then
     gated with what the tool_results route has left, for a policy's dynamic per-call
-    limit (Policy.per_call_share).
+    limit (Policy.per_call_share). compactor "default": Native with the model's own
+    NativePlan (its `native`), else Fallback(task); None: no compaction (the check then
+    only fails loudly).
+
+    record_turns: append every turn to the task's history as the loop goes (the turns
+    new since the last request, before each model call, and the last answer), so each
+    stays recoverable whatever a provider's irreversible compaction removes: for audit and
+    zero-data-retention set-ups. The history is rewritten whole on each append (one
+    artifact per task), so this costs a write of the history per step.
     """
     started = time.monotonic()
     toolset = Toolset(task)
-    task.register_tools(toolset.names)
+    if compactor == "default":
+        compactor = _default_compactor(task, model) if budget is not None else None
+    history = History(task) if record_turns else None
     user_tools = {tool.spec.name: tool for tool in tools}
     clash = set(user_tools) & set(toolset.names)
     if clash:
@@ -150,27 +166,38 @@ def run(
     result = LoopResult(answer="", messages=messages)
     counter = task.counter
     definitions = [spec.definition("openai") for spec in specs]
-    for _ in range(max_steps):
-        remaining = None
-        if budget is not None:
-            report = budget.check(
-                {"messages": messages, "tools": definitions}, "chat_completions", compactor
-            )
-            messages[:] = report.request["messages"]
-            result.reports.append(report)
-            remaining = report.room(budget.route_counting("tool_results"))
-        turn = model.respond(messages, specs)
-        messages.append(_assistant_message(turn))
-        if not turn.tool_calls:
-            result.answer = turn.text
-            break
-        calls = [_call(call, user_tools, toolset) for call in turn.tool_calls]
-        admitted = task.admit([tool_result for tool_result, _ in calls], remaining)
-        for (tool_result, images), item in zip(calls, admitted, strict=True):
-            messages.append(_tool_message(tool_result.call_id, item.text, images))
-        result.steps.append(Step(list(turn.tool_calls), admitted))
-    else:
-        result.answer = ""
+    recorded = 0
+    """Messages at the start of `messages` already in the history (record_turns)."""
+    try:
+        for _ in range(max_steps):
+            if history is not None and recorded < len(messages):
+                history.append(messages[recorded:])
+            recorded = len(messages)
+            remaining = None
+            if budget is not None:
+                report = budget.check(
+                    {"messages": messages, "tools": definitions}, "chat_completions", compactor
+                )
+                messages[:] = report.request["messages"]
+                recorded = len(messages)  # a compaction's own notice is not a turn
+                result.reports.append(report)
+                remaining = report.room(budget.route_counting("tool_results"))
+            turn = model.respond(messages, specs)
+            messages.append(_assistant_message(turn))
+            if not turn.tool_calls:
+                result.answer = turn.text
+                break
+            calls = [_call(call, user_tools, toolset) for call in turn.tool_calls]
+            admitted = task.admit([tool_result for tool_result, _ in calls], remaining)
+            for (tool_result, images), item in zip(calls, admitted, strict=True):
+                messages.append(_tool_message(tool_result.call_id, item.text, images))
+            result.steps.append(Step(list(turn.tool_calls), admitted))
+        else:
+            result.answer = ""
+    finally:
+        # The last answer, or what came before a failed call: recorded all the same.
+        if history is not None and recorded < len(messages):
+            history.append(messages[recorded:])
     shown = sum(_message_tokens(counter, m) for m in messages)
     extra = sum(
         (item.tokens or 0) - item.inline_tokens
@@ -181,6 +208,16 @@ def run(
     result.context_tokens, result.inline_tokens = shown, shown + extra
     result.seconds = time.monotonic() - started
     return result
+
+
+def _default_compactor(task: TaskHandle, model: Model) -> Compactor:
+    """The compactor a budget gets when run() is given none: the model's native plan
+    (OpenAIResponsesModel, AnthropicModel), which stores what the provider would remove
+    first, else spillbox's reversible Fallback."""
+    plan = getattr(model, "native", None)
+    if isinstance(plan, NativePlan) and plan.feature is not None:
+        return Native(task, plan)
+    return Fallback(task)
 
 
 def _call(
@@ -276,9 +313,14 @@ class OpenAIResponsesModel:
     """An OpenAI Responses endpoint, through the openai SDK.
 
     With a NativePlan (spillbox.native.plan_native for provider "responses") its
-    context_management (server-side compaction past the budget's threshold) and store
-    option go with every request, and the compaction items the API returns are kept in the
-    history (Turn.provider_content) and sent back in the next request's input.
+    context_management (server-side compaction past the budget's threshold) goes with
+    every request, and the compaction items the API returns are kept in the history
+    (Turn.provider_content) and sent back in the next request's input.
+
+    store=False (the default) asks OpenAI to keep nothing: every request carries the whole
+    input and never chains previous_response_id, so nothing is gained by keeping data at
+    OpenAI (and server compaction stays zero-data-retention friendly). A plan's own store
+    wins.
     """
 
     provider = "responses"
@@ -288,9 +330,12 @@ class OpenAIResponsesModel:
         endpoint: ModelEndpoint,
         native: NativePlan | None = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        *,
+        store: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.native = native if native is not None and native.feature is not None else None
+        self.store = store
         self._client = _client("openai", endpoint, max_retries)
 
     def respond(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[ToolSpec]) -> Turn:
@@ -299,6 +344,7 @@ class OpenAIResponsesModel:
             "model": self.endpoint.model,
             "input": items,
             "tools": [spec.definition("responses") for spec in tools],
+            "store": self.store,
         }
         if instructions:
             body["instructions"] = instructions
@@ -452,7 +498,7 @@ def _import(name: str) -> Any:
         ) from e
 
 
-@contextmanager
+@contextlib.contextmanager
 def _endpoint_errors(endpoint: ModelEndpoint) -> Iterator[None]:
     """The SDKs' exceptions as spillbox errors, in one place: one line, no key in it."""
     sdk = _import("openai" if endpoint.provider == "openai" else "anthropic")
@@ -558,8 +604,30 @@ def to_responses(messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[dict[
     return instructions, items[latest:]
 
 
-def model_from_endpoint(endpoint: ModelEndpoint, max_retries: int = DEFAULT_MAX_RETRIES) -> Model:
-    """The model class for a configured endpoint's provider."""
+def model_from_endpoint(
+    endpoint: ModelEndpoint,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    budget: Budget | None = None,
+) -> Model:
+    """The model class for a configured endpoint, with the provider's own compaction where
+    the capability table (spillbox.native) gives the model one: Anthropic's Messages with
+    its compaction or clearing; for OpenAI, the Responses API (store=False) for a model with
+    server compaction, else Chat Completions.
+
+    The compaction threshold comes from budget, else from the model's known window
+    (budget.CONTEXT_WINDOWS); with neither, the model is sent no compaction parameters
+    (the loop's Fallback still holds its budget, where one is given).
+    """
+    if budget is None:
+        with contextlib.suppress(ConfigError):  # a window spillbox does not know
+            budget = Budget(model=endpoint.model)
     if endpoint.provider == "anthropic":
-        return AnthropicModel(endpoint, max_retries=max_retries)
-    return OpenAIChatModel(endpoint, max_retries=max_retries)
+        provider: Literal["anthropic", "responses"] = "anthropic"
+    elif "server_compaction" in features("responses", endpoint.model):
+        provider = "responses"
+    else:
+        return OpenAIChatModel(endpoint, max_retries=max_retries)
+    plan = plan_native(provider, endpoint.model, budget) if budget is not None else None
+    if provider == "anthropic":
+        return AnthropicModel(endpoint, native=plan, max_retries=max_retries)
+    return OpenAIResponsesModel(endpoint, native=plan, max_retries=max_retries)

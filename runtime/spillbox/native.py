@@ -14,7 +14,9 @@ user may extend or replace it. plan() picks a feature for one request:
   API summarises older context into a compaction block.
 - Anthropic Messages, "clear_tool_uses": beta `context-management-2025-06-27`,
   `clear_tool_uses_20250919`: past its trigger, the API deletes the oldest tool results
-  (keeping the last few), for users who prefer deletion to summaries.
+  (keeping the last few), for users who prefer deletion to summaries. "clear_thinking":
+  `clear_thinking_20251015` beside it, first among the edits: the API drops the thinking
+  blocks of all but the latest assistant turns.
 
 Either way the provider takes tool results out of what the model sees. Native (a
 Compactor) stores them in the task first, so read_artifact and code mode still reach
@@ -40,7 +42,9 @@ from spillbox.errors import ConfigError
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
 
-Feature = Literal["server_compaction", "compact_endpoint", "compaction", "clear_tool_uses"]
+Feature = Literal[
+    "server_compaction", "compact_endpoint", "compaction", "clear_tool_uses", "clear_thinking"
+]
 Prefer = Literal["summary", "clear"]
 
 ANTHROPIC_COMPACTION_BETA = "compact-2026-01-12"
@@ -49,6 +53,9 @@ ANTHROPIC_MIN_COMPACT_TRIGGER = 50_000
 """Anthropic refuses a compact_20260112 trigger under this many input tokens."""
 DEFAULT_KEEP_TOOL_USES = 3
 """clear_tool_uses keeps this many of the latest tool uses (Anthropic's own default)."""
+DEFAULT_KEEP_THINKING_TURNS = 1
+"""clear_thinking keeps the thinking of this many latest assistant turns (Anthropic's own
+default, the SDK's BetaThinkingTurnsParam shape)."""
 
 
 @dataclass(frozen=True)
@@ -65,18 +72,38 @@ def _row(provider: Provider, models: str, *features: Feature) -> Capability:
     return Capability(provider, models, frozenset(features))
 
 
+_OPENAI: tuple[Feature, ...] = ("server_compaction", "compact_endpoint")
 _ANTHROPIC_BOTH: tuple[Feature, ...] = ("compaction", "clear_tool_uses")
+_ANTHROPIC_THINKING: tuple[Feature, ...] = (*_ANTHROPIC_BOTH, "clear_thinking")
 DEFAULT_CAPABILITIES: tuple[Capability, ...] = (
-    # OpenAI's compaction guide names no models; the SDK's /responses/compact model list
-    # starts at the gpt-5 family and includes older ones. spillbox turns native compaction
-    # on by default only for gpt-5 and later; add a row for others.
-    _row("responses", "gpt-5*", "server_compaction", "compact_endpoint"),
-    _row("responses", "gpt-6*", "server_compaction", "compact_endpoint"),
-    # Anthropic's compaction and context-editing pages list these models.
+    # OpenAI. Neither the compaction guide (developers.openai.com/api/docs/guides/compaction)
+    # nor the SDK says which models compact: openai 3.57's ResponseCompactParams.model is
+    # the general model list (gpt-3.5-turbo is in it), so it is no evidence either way. The
+    # evidence found: GPT-5.4 is "the first mainline model trained to support compaction"
+    # (an experiment report, rewards-assistant-docs.fetchrewards.com; ai-radar's GPT-5.4
+    # notes agree), and gpt-5-mini hit context_length_exceeded without it. So gpt-5, 5.1,
+    # 5.2 (and 5.3) are left out: they predate compaction. Rows for 5.4 and later.
+    _row("responses", "gpt-5.4*", *_OPENAI),
+    _row("responses", "gpt-5.5*", *_OPENAI),
+    _row("responses", "gpt-5.6*", *_OPENAI),
+    _row("responses", "gpt-6*", *_OPENAI),
+    # Anthropic, the 5 family and Opus 4.8: compaction, clearing and thinking clearing as
+    # the project's compaction document lists them. No stored Anthropic page confirms
+    # their compaction (the stored compaction page predates them); anthropic 2.14's
+    # ModelParam names these ids, and its BetaContextManagementConfigParam takes the three
+    # edits. Fable 5 and Mythos 5 think always ("Adaptive (always on)", the models
+    # overview), so clearing thinking applies to every request of theirs.
+    _row("anthropic", "claude-fable-5*", *_ANTHROPIC_THINKING),
+    _row("anthropic", "claude-mythos-5*", *_ANTHROPIC_THINKING),
+    _row("anthropic", "claude-sonnet-5*", *_ANTHROPIC_THINKING),
+    _row("anthropic", "claude-opus-4-8*", *_ANTHROPIC_THINKING),
+    # Anthropic's compaction page (platform.claude.com/docs/en/build-with-claude/compaction,
+    # "Supported models") lists these four.
     _row("anthropic", "claude-opus-4-6*", *_ANTHROPIC_BOTH),
     _row("anthropic", "claude-sonnet-4-6*", *_ANTHROPIC_BOTH),
     _row("anthropic", "claude-opus-4-7*", *_ANTHROPIC_BOTH),
     _row("anthropic", "claude-mythos-preview*", *_ANTHROPIC_BOTH),
+    # Context editing (clear_tool_uses) only, as the context-editing page listed them.
     _row("anthropic", "claude-opus-4-5*", "clear_tool_uses"),
     _row("anthropic", "claude-sonnet-4-5*", "clear_tool_uses"),
     _row("anthropic", "claude-haiku-4-5*", "clear_tool_uses"),
@@ -123,29 +150,36 @@ def plan_native(
     budget: Budget,
     *,
     prefer: Prefer = "summary",
-    store: bool | None = None,
+    store: bool = False,
     keep_tool_uses: int = DEFAULT_KEEP_TOOL_USES,
+    keep_thinking_turns: int = DEFAULT_KEEP_THINKING_TURNS,
     capabilities: Sequence[Capability] = DEFAULT_CAPABILITIES,
 ) -> NativePlan:
     """The native feature and request parameters for provider's model under budget.
 
     The threshold is budget.compact_threshold(): the provider compacts before spillbox's
     hard limits are reached. prefer="clear" picks Anthropic's tool-result clearing over
-    its summarising compaction. store=False (Responses) asks OpenAI to keep nothing.
+    its summarising compaction (with clear_thinking first where the model offers it,
+    keeping keep_thinking_turns turns' thinking). store (Responses) is False by default:
+    OpenAI keeps nothing, and spillbox never chains previous_response_id, so keeping it
+    gains nothing.
     """
     if prefer not in ("summary", "clear"):
         raise ConfigError(f"prefer must be 'summary' or 'clear', got {prefer!r}")
-    if not isinstance(keep_tool_uses, int) or keep_tool_uses < 0:
-        raise ConfigError(f"keep_tool_uses must be 0 or more, got {keep_tool_uses!r}")
+    for name, value in (
+        ("keep_tool_uses", keep_tool_uses),
+        ("keep_thinking_turns", keep_thinking_turns),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{name} must be 0 or more, got {value!r}")
     threshold = budget.compact_threshold()
     offered = features(provider, model, capabilities)
     base = NativePlan(provider, model, None, threshold)
     if provider == "responses" and "server_compaction" in offered:
         params: dict[str, Any] = {
-            "context_management": [{"type": "compaction", "compact_threshold": threshold}]
+            "context_management": [{"type": "compaction", "compact_threshold": threshold}],
+            "store": store,
         }
-        if store is not None:
-            params["store"] = store
         return NativePlan(
             provider,
             model,
@@ -177,17 +211,25 @@ def plan_native(
                 reason=f"{model} summarises older context past {threshold:,} input tokens",
             )
         if "clear_tool_uses" in offered:
-            edit = {
-                "type": "clear_tool_uses_20250919",
-                "trigger": _input_tokens(threshold),
-                "keep": {"type": "tool_uses", "value": keep_tool_uses},
-            }
+            edits: list[dict[str, Any]] = [
+                {
+                    "type": "clear_tool_uses_20250919",
+                    "trigger": _input_tokens(threshold),
+                    "keep": {"type": "tool_uses", "value": keep_tool_uses},
+                }
+            ]
+            if "clear_thinking" in offered:
+                # First among the edits: the order Anthropic's context-editing guide gives
+                # when both are used (the guide is not in the stored docs; the SDK's types
+                # accept either order).
+                keep = {"type": "thinking_turns", "value": keep_thinking_turns}
+                edits.insert(0, {"type": "clear_thinking_20251015", "keep": keep})
             return NativePlan(
                 provider,
                 model,
                 "clear_tool_uses",
                 threshold,
-                {"context_management": {"edits": [edit]}},
+                {"context_management": {"edits": edits}},
                 (ANTHROPIC_CONTEXT_EDITING_BETA,),
                 keep_tool_uses,
                 reason=f"{model} clears tool results past {threshold:,} input tokens, "

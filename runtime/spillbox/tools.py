@@ -1,7 +1,6 @@
-"""The model-facing tools: sandbox_exec, read_artifact and list_artifacts.
+"""The model-facing tools: sandbox_exec, read_artifact, list_artifacts and search_artifacts.
 
-    toolset = Toolset(task)
-    task.register_tools(toolset.names)            # notices' hints now name these tools
+    toolset = Toolset(task)                       # registers: notices' hints name these tools
     request["tools"] += toolset.definitions("openai")   # or "responses", "anthropic"
     output = toolset.call("read_artifact", {"path": "/sandbox/offload/c1.json"})
     output.text                                   # what the model sees (JSON)
@@ -31,6 +30,7 @@ from spillbox.paging import (
     records_path,
 )
 from spillbox.profile import parse_path, path_text
+from spillbox.search import DEFAULT_TOP_K, MAX_TOP_K, search
 from spillbox.types import LANGS, Image
 
 if TYPE_CHECKING:
@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 SANDBOX_EXEC = "sandbox_exec"
 READ_ARTIFACT = "read_artifact"
 LIST_ARTIFACTS = "list_artifacts"
-TOOL_NAMES = (SANDBOX_EXEC, READ_ARTIFACT, LIST_ARTIFACTS)
+SEARCH_ARTIFACTS = "search_artifacts"
+"""Named apart from a bare "search", which a user's own tools often are (the loop refuses a
+user tool that reuses one of spillbox's names)."""
+TOOL_NAMES = (SANDBOX_EXEC, READ_ARTIFACT, LIST_ARTIFACTS, SEARCH_ARTIFACTS)
 PREFIX = "spillbox_"
 """Put before a tool's name where another tool of the model's set already has that name
 (an MCP server's own tool, behind `spillbox mcp proxy`)."""
@@ -213,6 +216,29 @@ SPECS: dict[str, ToolSpec] = {
         {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
         strict=True,
     ),
+    SEARCH_ARTIFACTS: ToolSpec(
+        SEARCH_ARTIFACTS,
+        "Find lines holding every word of a query (case-insensitive) in this task's text "
+        "artifacts and its history of earlier turns (one JSON message a line; read_artifact "
+        'with artifact_id "spillbox:history" opens it). Returns short snippets, best first, '
+        "each with its artifact_id and its line (the record's position, as read_artifact "
+        "counts) and offset.",
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "The words to find."},
+                "top_k": _optional(
+                    "integer", f"How many snippets, 1 to {MAX_TOP_K}; null for {DEFAULT_TOP_K}."
+                ),
+                "artifact": _optional(
+                    "string", "An artifact id or path to search alone; null for all."
+                ),
+            },
+            "required": ["query", "top_k", "artifact"],
+            "additionalProperties": False,
+        },
+        strict=True,
+    ),
 }
 
 
@@ -251,16 +277,25 @@ class Toolset:
     """
 
     def __init__(
-        self, task: TaskHandle, taken: Collection[str] = (), python_session: bool = False
+        self,
+        task: TaskHandle,
+        taken: Collection[str] = (),
+        python_session: bool = False,
+        *,
+        register: bool = True,
     ) -> None:
         """taken: names of the model's other tools; one of ours that has such a name is
-        offered as PREFIX + name (and notices' hints say so once registered).
+        offered as PREFIX + name (and notices' hints say so).
         python_session: this task's default for python calls that do not say (session
-        null): run them in the task's persistent session."""
+        null): run them in the task's persistent session.
+        register: tell the task these are the tools its model is offered, so notices'
+        hints name them (task.register_tools); False for a toolset that is not offered."""
         self.task = task
         self.python_session = python_session
         self.names = tool_names(task.languages, taken)
         self._signer = CursorSigner(task.home)
+        if register:
+            task.register_tools(self.names)
 
     def specs(self) -> list[ToolSpec]:
         return [replace(SPECS[canonical(name)], name=name) for name in self.names]
@@ -280,6 +315,8 @@ class Toolset:
                 return self._exec(args)
             if name == READ_ARTIFACT:
                 return self._read(args)
+            if name == SEARCH_ARTIFACTS:
+                return self._search(args)
             return self._list()
         except SpillboxError as e:
             return _error(str(e))
@@ -353,6 +390,17 @@ class Toolset:
         next_cursor = self._cursor(expect, slice_) if slice_.has_more else None
         return ToolOutput(_body(row, slice_, next_cursor), offloadable=False)
 
+    def _search(self, args: dict[str, Any]) -> ToolOutput:
+        # Held to the per-call limit, as a page is, and never offloaded (it is bounded).
+        body = search(
+            self.task,
+            str(args["query"]),
+            args.get("top_k"),
+            args.get("artifact"),
+            budget=self.task.policy.per_call_tokens,
+        )
+        return ToolOutput(json.dumps(body, ensure_ascii=False), offloadable=False)
+
     def _content_limit(
         self,
         row: ArtifactRow,
@@ -410,7 +458,7 @@ def tool_hints(plain: Sequence[Hint], artifact: Artifact, tools: frozenset[str])
         return list(plain)
     visible = {canonical(name): name for name in tools}
     hints: list[Hint] = []
-    if SANDBOX_EXEC in visible and plain:
+    if SANDBOX_EXEC in visible and plain and plain[0].lang in LANGS:
         first = plain[0]
         args = {"lang": first.lang, "code": first.code}
         hints.append(Hint(first.lang, first.code, visible[SANDBOX_EXEC], args))
@@ -507,6 +555,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     SANDBOX_EXEC: {"lang": "sql", "code": 'SELECT count(*) FROM "c1"'},
     READ_ARTIFACT: {"artifact_id": "c1"},
     LIST_ARTIFACTS: {},
+    SEARCH_ARTIFACTS: {"query": "timeout", "top_k": None, "artifact": None},
 }
 """A call's arguments for each tool, shown when a caller sends something that is not a
 JSON object."""

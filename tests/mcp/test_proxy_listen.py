@@ -165,7 +165,7 @@ async def test_serve_listens_over_a_tasks_payloads(home: Path) -> None:
         async with http_connect(url) as client:
             names = [tool.name for tool in (await client.list_tools()).tools]
             listed = json.loads(text_of(await client.call_tool("list_artifacts", {})))
-    assert names == ["read_artifact", "list_artifacts"]
+    assert names == ["read_artifact", "list_artifacts", "search_artifacts"]
     assert [row["artifact_id"] for row in listed] == ["rows"]
 
 

@@ -171,7 +171,7 @@ async def test_crash_mid_call_gives_an_error_result_and_spillbox_tools_stay(
                 if "echo" not in names:
                     break
                 await anyio.sleep(0.1)
-        assert names == ["read_artifact", "list_artifacts"]
+        assert names == ["read_artifact", "list_artifacts", "search_artifacts"]
         assert any("was killed by signal 9 (SIGKILL)" in line for line in logged), logged
         listed = await session.call_tool("list_artifacts", {})
         assert not listed.is_error and json.loads(text_of(listed)) == []

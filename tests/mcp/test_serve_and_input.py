@@ -30,7 +30,7 @@ async def test_serve_reads_what_a_proxy_of_the_same_task_stored(git_repo: Path, 
             names = [tool.name for tool in (await server.list_tools()).tools]
             listed = json.loads(text_of(await server.call_tool("list_artifacts", {})))
             page = await server.call_tool("read_artifact", {"path": notice["path"]})
-    assert names == ["read_artifact", "list_artifacts"]
+    assert names == ["read_artifact", "list_artifacts", "search_artifacts"]
     assert [row["artifact_id"] for row in listed] == [notice["call_id"]]
     assert json.loads(text_of(page))["text"].startswith("Commit history:")
 
@@ -68,7 +68,7 @@ def test_hints_name_prefixed_tools_on_a_collision(home: Path) -> None:
     hints call it by that name."""
     with Harness(sandbox="none", home=home, gc_interval=-1) as harness, harness.task("t") as task:
         toolset = Toolset(task, taken={"read_artifact", "git_log"})
-        assert toolset.names == ("spillbox_read_artifact", "list_artifacts")
+        assert toolset.names == ("spillbox_read_artifact", "list_artifacts", "search_artifacts")
         task.register_tools(toolset.names)
         [admitted] = task.admit([ToolResult("c1", "dump", "line\n" * 20_000)])
         notice = parse_notice(admitted.text)

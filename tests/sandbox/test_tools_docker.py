@@ -76,7 +76,12 @@ def test_the_toolset_offers_sandbox_exec_with_docker(harness: Harness) -> None:
     with harness.task("defs") as task:
         toolset = Toolset(task)
         task.register_tools(toolset.names)
-        assert toolset.names == ("sandbox_exec", "read_artifact", "list_artifacts")
+        assert toolset.names == (
+            "sandbox_exec",
+            "read_artifact",
+            "list_artifacts",
+            "search_artifacts",
+        )
         names = [d["name"] for d in toolset.definitions("anthropic")]
         assert names == list(toolset.names)
 
