@@ -91,7 +91,7 @@ def gated(
 ) -> types.CallToolResult:
     """The result the client gets: the server's own, or the notice in its place (followed
     by link, to the stored payload, if given)."""
-    if not admitted.offloaded and admitted.reason != "withheld":
+    if not admitted.offloaded and admitted.reason not in ("withheld", "refused"):
         return result
     text = admitted.text
     is_error = result.is_error
