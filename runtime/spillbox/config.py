@@ -56,8 +56,8 @@ class Policy:
     """The tiktoken encoding that counts tokens (ignored when a custom counter is given)."""
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     """A result (or a script's output file) over this many bytes is refused: the model
-    gets a one-line error instead, and nothing is stored. Holding one result costs the
-    host about three times its size while it is stored."""
+    gets a one-line error instead, and nothing is stored. A result is held in host memory
+    (in more than one copy) while it is stored: this bounds that memory."""
     per_call_share: float | None = None
     """The dynamic per-call limit: a step told how many tokens remain for tool results (the
     loop is, by its budget) offloads a result over this share of them, never above

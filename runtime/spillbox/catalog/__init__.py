@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import Select, Table, bindparam, func, insert, or_, select, tuple_, update
+from sqlalchemy import Select, Table, bindparam, case, func, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
@@ -137,7 +137,11 @@ _BY_REF = (
 """What a reference can be, in the order find() tries them."""
 _FIND = (
     _LIST_ARTIFACTS.where(or_(*_BY_REF))
-    .order_by(*(match.desc() for match in _BY_REF), _LIVE.desc(), artifacts.c.created_at.desc())
+    .order_by(
+        case(*((match, rule) for rule, match in enumerate(_BY_REF))),  # the first rule it meets
+        _LIVE.desc(),
+        artifacts.c.created_at.desc(),
+    )
     .limit(1)
 )
 _ID_TAKEN = (
