@@ -291,6 +291,9 @@ class Task(_ClosedOnExit):
         Under a redacting policy every text result is redacted first, so a secret reaches
         neither the sandbox nor the model, inline or offloaded; the access log records each
         redaction (counts per kind, never a secret).
+
+        A result the task cannot take (see _refusal) gets a one-line error in its place,
+        reason "refused"; the step's other results are gated as if it were not there.
         """
         refused = {i: why for i, r in enumerate(results) if (why := self._refusal(r)) is not None}
         results = [r for i, r in enumerate(results) if i not in refused]
