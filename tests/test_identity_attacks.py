@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import shutil
+import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spillbox import ConfigError, Harness, Policy, RetentionError, ToolResult
-from spillbox.catalog import Catalog
+from spillbox.catalog import CATALOG_FILE, Catalog
 from spillbox.errors import ExecError
 from spillbox.loop import ScriptedModel, ToolCall, Turn, run
 from spillbox.sandbox.docker import DockerBackend
@@ -389,3 +390,26 @@ def test_the_size_cap_has_a_stated_default_and_an_environment_variable() -> None
     assert settings.policy.max_result_bytes == 1000
     with pytest.raises(ConfigError, match="max_result_bytes"):
         Policy(max_result_bytes=0)
+
+
+def test_the_migration_tells_an_old_catalogs_output_files_from_call_results(home: Path) -> None:
+    home.mkdir(parents=True)
+    data = Path(__file__).parent / "data" / "catalog_named_migrations.sql"
+    with sqlite3.connect(home / CATALOG_FILE) as conn:
+        conn.executescript(data.read_text())
+        for artifact_id, call_id, tool in (
+            ("chart", "chart.png", "sandbox_exec.python"),
+            ("exec-sh", "exec-sh", "sandbox_exec.sh"),
+        ):
+            conn.execute(
+                "INSERT INTO artifacts SELECT task_id, ?, ?, ?, name, path, bytes, tokens, "
+                "tokens_exact, sha256, created_at, last_access_at, expires_at, state, pinned, "
+                "redactions, deleted_at, deleted_by, kind FROM artifacts WHERE artifact_id = 'c1'",
+                (artifact_id, call_id, tool),
+            )
+    catalog = Catalog(home)
+    try:
+        origins = {row.artifact_id: row.origin for row in catalog.artifacts("kept")}
+        assert origins == {"c1": "call", "c2": "call", "chart": "file", "exec-sh": "call"}
+    finally:
+        catalog.close()
