@@ -295,7 +295,7 @@ class Task(_ClosedOnExit):
         A result the task cannot take (see _refusal) gets a one-line error in its place,
         reason "refused"; the step's other results are gated as if it were not there.
         """
-        refused = {i: why for i, r in enumerate(results) if (why := self._refusal(r)) is not None}
+        refused = {i: no for i, r in enumerate(results) if (no := self._refusal(r)) is not None}
         results = [r for i, r in enumerate(results) if i not in refused]
         redacted: dict[int, Redaction] = {}
         if self.retention.redact:

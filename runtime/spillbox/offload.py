@@ -177,7 +177,6 @@ def _record(
     )
     redacted = None if redaction is None else redaction.audit_detail()
     return dest.catalog.add_artifact(row, redacted=redacted)
-    return stored
 
 
 def _file_name(request: Offload, shape: Shape) -> tuple[str, str]:
