@@ -413,3 +413,14 @@ def test_the_migration_tells_an_old_catalogs_output_files_from_call_results(home
         assert origins == {"c1": "call", "c2": "call", "chart": "file", "exec-sh": "call"}
     finally:
         catalog.close()
+
+
+def test_a_number_too_large_for_a_float_is_an_error_result(home: Path) -> None:
+    # The docker backend offers sandbox_exec; the call fails before it reaches Docker.
+    harness = Harness(sandbox="docker", home=home, environ={}, gc_interval=-1)
+    toolset = Toolset(harness.task("t1"))
+    args = {"lang": "sh", "code": "echo hi", "artifact": None, "session": None}
+    output = toolset.call("sandbox_exec", {**args, "timeout": 10**400, "reset_session": None})
+    assert output.is_error
+    assert "bad arguments for sandbox_exec" in json.loads(output.text)["error"]
+    harness.close()
