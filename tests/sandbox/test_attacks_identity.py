@@ -97,3 +97,17 @@ def test_a_container_name_held_by_another_task_is_refused(
     finally:
         stale.remove(force=True)
     task.close(delete=True)
+
+
+def test_a_scripts_file_named_like_a_later_call_id_never_shadows_it_for_jq(
+    harness: Harness,
+) -> None:
+    task = harness.task("shadowed")
+    decoy = task.exec("sh", "echo '[\"decoy\"]' > /sandbox/outputs/c5.json")
+    assert [f.id for f in decoy.files] == ["c5"], decoy.file_notes
+    [real] = task.admit([ToolResult("c5", "list_prs", payload("the-real-result"))])
+    assert real.artifact is not None and real.artifact.id != "c5"
+    query = task.exec("jq", ".[0].secret", artifact="c5")
+    assert query.text.strip() == '"the-real-result"', query.stderr
+    assert task.exec("jq", ".[0]", artifact=decoy.files[0].path).text.strip() == '"decoy"'
+    task.close(delete=True)
