@@ -269,6 +269,21 @@ def test_a_call_id_with_a_lone_surrogate_gets_an_error_result(harness: Harness) 
     task.close()
 
 
+@pytest.mark.parametrize("call_id", ["c\x00", "\x00", "c\udc80\x00"])
+def test_a_call_id_no_catalog_can_hold_is_refused_on_both_databases(
+    home: Path, catalog_url: str | None, call_id: str
+) -> None:
+    with open_harness(home, catalog_url) as harness:
+        task = harness.task("t1")
+        bad, good = task.admit([ToolResult(call_id, "t", BIG), ToolResult("c2", "t", BIG)])
+        assert bad.reason == "refused" and bad.is_error and bad.call_id == call_id
+        assert "lone surrogate" in bad.text or "NUL character" in bad.text
+        assert good.offloaded
+        with pytest.raises(ConfigError, match="NUL character"):
+            harness.task("t\x00")
+        task.close()
+
+
 def test_a_model_id_with_a_lone_surrogate_is_an_error_result_of_the_tool(
     harness: Harness,
 ) -> None:

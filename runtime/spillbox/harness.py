@@ -338,8 +338,8 @@ class Task(_ClosedOnExit):
     def _refusal(self, result: ToolResult) -> Admitted | None:
         """A one-line error in place of a result the task cannot take: over the policy's
         max_result_bytes (counted before any copy is made), or with a call id or tool name
-        that is not text (a lone surrogate: no catalog can hold it, no name can be matched
-        to it). None for a result the gate can take."""
+        that no catalog can hold (a lone surrogate, a NUL). None for a result the gate can
+        take."""
         why = None
         for what, ident in (("call id", result.call_id), ("tool name", result.tool)):
             bad = _not_text(ident)
@@ -554,9 +554,11 @@ class Task(_ClosedOnExit):
 
 
 def _not_text(ident: str) -> str | None:
-    """What makes an id not valid text (a lone surrogate, where), or None if it is."""
+    """What makes an id text no catalog can hold (a lone surrogate, or a NUL, which Postgres
+    refuses), and where; None if it is valid text."""
     try:
         ident.encode("utf-8")
     except UnicodeEncodeError as e:
         return f"holds a lone surrogate at position {e.start} (not valid Unicode)"
-    return None
+    at = ident.find("\0")
+    return None if at < 0 else f"holds a NUL character at position {at}"
