@@ -62,7 +62,7 @@ def _sql(catalog: Catalog, statement: str) -> list[tuple[object, ...]]:
 def test_migrations_are_recorded_in_the_database(home: Path, catalog_url: str | None) -> None:
     catalog = Catalog(home, url=catalog_url)
     assert catalog.migrated
-    assert catalog.revision() == migrate.head() == "0004"
+    assert catalog.revision() == migrate.head() == "0005"
     assert _sql(catalog, "SELECT version_num FROM alembic_version") == [(migrate.head(),)]
     catalog.close()
     if catalog_url is None:

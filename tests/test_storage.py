@@ -40,9 +40,9 @@ def test_plain_ids_are_their_own_names(ident: str) -> None:
 
 
 def test_unsafe_ids_get_a_cleaned_prefix_and_a_digest() -> None:
-    digest = hashlib.sha256(b"../../etc/passwd").hexdigest()[:12]
-    assert safe_name("../../etc/passwd") == f"etc_passwd-{digest}"
-    assert safe_name("..") == "id-" + hashlib.sha256(b"..").hexdigest()[:12]
+    digest = hashlib.sha256(b"../../etc/passwd").hexdigest()[:32]
+    assert safe_name("../../etc/passwd") == f"etc_passwd--{digest}"
+    assert safe_name("..") == "id--" + hashlib.sha256(b"..").hexdigest()[:32]
 
 
 @settings(max_examples=300, deadline=None)

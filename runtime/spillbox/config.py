@@ -18,6 +18,7 @@ DEFAULT_PER_CALL_TOKENS = 6_000
 DEFAULT_AGGREGATE_TOKENS = 10_000
 DEFAULT_NOTICE_MAX_TOKENS = 400
 DEFAULT_PREVIEW_CHARS = 100
+DEFAULT_MAX_RESULT_BYTES = 256 * 1024 * 1024
 
 SandboxKind = Literal["none", "docker"]
 DEFAULT_SANDBOX: SandboxKind = "docker"
@@ -53,13 +54,23 @@ class Policy:
     """The notice previews this many characters of the payload's head and of its tail."""
     encoding: str = DEFAULT_ENCODING
     """The tiktoken encoding that counts tokens (ignored when a custom counter is given)."""
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    """A result (or a script's output file) over this many bytes is refused: the model
+    gets a one-line error instead, and nothing is stored. A result is held in host memory
+    (in more than one copy) while it is stored: this bounds that memory."""
     per_call_share: float | None = None
     """The dynamic per-call limit: a step told how many tokens remain for tool results (the
     loop is, by its budget) offloads a result over this share of them, never above
     per_call_tokens and never below notice_max_tokens. None: per_call_tokens alone."""
 
     def __post_init__(self) -> None:
-        for name in ("per_call_tokens", "aggregate_tokens", "notice_max_tokens", "preview_chars"):
+        for name in (
+            "per_call_tokens",
+            "aggregate_tokens",
+            "notice_max_tokens",
+            "preview_chars",
+            "max_result_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
@@ -120,6 +131,7 @@ class Settings:
         policy = Policy(
             per_call_tokens=_int(env, "SPILLBOX_PER_CALL_TOKENS", DEFAULT_PER_CALL_TOKENS),
             aggregate_tokens=_int(env, "SPILLBOX_AGGREGATE_TOKENS", DEFAULT_AGGREGATE_TOKENS),
+            max_result_bytes=_int(env, "SPILLBOX_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES),
             encoding=env.get("SPILLBOX_ENCODING") or DEFAULT_ENCODING,
         )
         retention = Retention.from_options(

@@ -244,6 +244,9 @@ class Task(_ClosedOnExit):
     ) -> None:
         if not task_id:
             raise ConfigError("a task id must not be empty")
+        bad = _not_text(task_id)
+        if bad is not None:
+            raise ConfigError(f"the task id {task_id!r} {bad}: give it as valid text")
         self.harness = harness
         self.id = task_id
         self.home = harness.settings.home
@@ -292,7 +295,12 @@ class Task(_ClosedOnExit):
         Under a redacting policy every text result is redacted first, so a secret reaches
         neither the sandbox nor the model, inline or offloaded; the access log records each
         redaction (counts per kind, never a secret).
+
+        A result the task cannot take (see _refusal) gets a one-line error in its place,
+        reason "refused"; the step's other results are gated as if it were not there.
         """
+        refused = {i: no for i, r in enumerate(results) if (no := self._refusal(r)) is not None}
+        results = [r for i, r in enumerate(results) if i not in refused]
         redacted: dict[int, Redaction] = {}
         if self.retention.redact:
             results = [self._redacted(result, redacted) for result in results]
@@ -311,7 +319,7 @@ class Task(_ClosedOnExit):
         # Start the sandbox only now, while the model reads this step: a container start
         # competing for the cores would slow this step's offloads several times over.
         self.harness.backend.warm(self.storage)
-        return [
+        gated = iter(
             Admitted(
                 call_id=d.result.call_id,
                 tool=d.result.tool,
@@ -325,7 +333,44 @@ class Task(_ClosedOnExit):
                 is_error=d.result.is_error,
             )
             for d in decisions
+        )
+        return [
+            next(gated) if i not in refused else refused[i]
+            for i in range(len(results) + len(refused))
         ]
+
+    def _refusal(self, result: ToolResult) -> Admitted | None:
+        """A one-line error in place of a result the task cannot take: over the policy's
+        max_result_bytes (counted before any copy is made), or with a call id or tool name
+        that no catalog can hold (a lone surrogate, a NUL). None for a result the gate can
+        take."""
+        why = None
+        for what, ident in (("call id", result.call_id), ("tool name", result.tool)):
+            bad = _not_text(ident)
+            if bad is not None:
+                why = f"its {what} {ident!r} {bad}; call the tool again"
+                break
+        if why is None:
+            cap, size = self.policy.max_result_bytes, result.size()
+            if size <= cap:
+                return None
+            why = (
+                f"it is {size} bytes, over the {cap}-byte cap on one result "
+                "(Policy.max_result_bytes); ask the tool for less (a page, a filter, a limit)"
+            )
+        text = f"[spillbox] result refused, nothing was stored: {why}"
+        return Admitted(
+            call_id=result.call_id,
+            tool=result.tool,
+            text=text,
+            offloaded=False,
+            reason="refused",
+            tokens=None,
+            tokens_exact=None,
+            inline_tokens=self.counter.count(text),
+            artifact=None,
+            is_error=True,
+        )
 
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted:
         """Store one result now, whatever its size, and return its notice (compaction)."""
@@ -353,6 +398,9 @@ class Task(_ClosedOnExit):
         for byte (redacted first if the policy says so), under its own name where that is
         plain, held to the retention policy and its quota like any offload."""
         result = ToolResult(call_id=name, tool=tool, content=data)
+        refusal = self._refusal(result)
+        if refusal is not None:
+            raise ConfigError(refusal.text.removeprefix("[spillbox] "))
         payload, text = result.payload()
         request = Offload(
             result, payload, text, "output", None, PerCallLimit.of(self.policy), file_name=name
@@ -393,9 +441,9 @@ class Task(_ClosedOnExit):
         return self.harness.catalog.artifacts(self.id, include_deleted)
 
     def artifact(self, ref: str) -> ArtifactRow:
-        """A live artifact by id, file name, path or call id; a clear error if gone."""
-        name = ref.rsplit("/", 1)[-1]
-        row = self.harness.catalog.find(self.id, name) or self.harness.catalog.find(self.id, ref)
+        """A live artifact by call id, path, id or file name (in the order Catalog.find
+        tries them); a clear error if gone."""
+        row = self.harness.catalog.find(self.id, ref)
         if row is None:
             raise ConfigError(
                 f"task {self.id!r} has no artifact {ref!r}: "
@@ -511,3 +559,14 @@ class Task(_ClosedOnExit):
 
     def _hints(self, artifact: Artifact) -> list[Hint]:
         return tool_hints(codemode.hints(artifact, self.languages), artifact, self.tools)
+
+
+def _not_text(ident: str) -> str | None:
+    """What makes an id text no catalog can hold (a lone surrogate, or a NUL, which Postgres
+    refuses), and where; None if it is valid text."""
+    try:
+        ident.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds a lone surrogate at position {e.start} (not valid Unicode)"
+    at = ident.find("\0")
+    return None if at < 0 else f"holds a NUL character at position {at}"

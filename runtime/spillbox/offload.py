@@ -116,7 +116,6 @@ def _publish(
     With a quota the three hold the task's lock, so that harness processes filling one
     task at once cannot each find room for the same last slot.
     """
-    result, tokens = request.result, request.tokens
     policy = dest.retention
     quota = policy.max_bytes is not None or policy.max_artifacts is not None
     with dest.storage.locked() if quota else nullcontext():
@@ -124,37 +123,60 @@ def _publish(
             live = dest.catalog.artifacts(dest.task_id)
             for row in quota_evictions(policy, dest.task_id, live, staged.bytes):
                 dest.evict(row)
-        stored = staged.publish(*_file_name(request, shape))
-        now = time.time()
-        row = ArtifactRow(
-            task_id=dest.task_id,
-            artifact_id=stored.artifact_id,
-            call_id=result.call_id,
-            tool=result.tool,
-            name=stored.name,
-            path=dest.visible_path(stored),
-            bytes=stored.bytes,
-            tokens=tokens.tokens if tokens else None,
-            tokens_exact=tokens.exact if tokens else None,
-            sha256=stored.sha256,
-            created_at=now,
-            last_access_at=now,
-            expires_at=expires_at(policy, now),
-            state="live",
-            pinned=False,
-            redactions=redaction.count if redaction else 0,
-            deleted_at=None,
-            deleted_by=None,
-            kind=shape.kind,
-        )
-        try:
-            dest.catalog.add_artifact(
-                row, redacted=None if redaction is None else redaction.audit_detail()
+        stem, extension = _file_name(request, shape)
+        refused: set[str] = set()
+        while True:
+            # An id the catalog knows, a tombstone's too, is never given again; one that
+            # another process recorded after our check is refused by the insert: try on.
+            stored = staged.publish(
+                stem,
+                extension,
+                reserved=lambda s: s in refused or dest.catalog.id_taken(dest.task_id, s),
             )
-        except BaseException:
-            dest.storage.remove(stored.name)  # no payload without its row
-            raise
-    return stored
+            try:
+                if _record(dest, request, stored, shape, redaction):
+                    return stored
+            except BaseException:
+                dest.storage.remove(stored.name)  # no payload without its row
+                raise
+            dest.storage.remove(stored.name)
+            refused.add(stored.artifact_id)
+
+
+def _record(
+    dest: Destination,
+    request: Offload,
+    stored: StoredFile,
+    shape: Shape,
+    redaction: Redaction | None,
+) -> bool:
+    """Record the published payload as a new artifact; False if its id was taken."""
+    result, tokens = request.result, request.tokens
+    now = time.time()
+    row = ArtifactRow(
+        task_id=dest.task_id,
+        artifact_id=stored.artifact_id,
+        call_id=result.call_id,
+        tool=result.tool,
+        name=stored.name,
+        path=dest.visible_path(stored),
+        bytes=stored.bytes,
+        tokens=tokens.tokens if tokens else None,
+        tokens_exact=tokens.exact if tokens else None,
+        sha256=stored.sha256,
+        created_at=now,
+        last_access_at=now,
+        expires_at=expires_at(dest.retention, now),
+        state="live",
+        pinned=False,
+        redactions=redaction.count if redaction else 0,
+        deleted_at=None,
+        deleted_by=None,
+        kind=shape.kind,
+        origin="call" if request.file_name is None else "file",
+    )
+    redacted = None if redaction is None else redaction.audit_detail()
+    return dest.catalog.add_artifact(row, redacted=redacted)
 
 
 def _file_name(request: Offload, shape: Shape) -> tuple[str, str]:

@@ -320,7 +320,8 @@ class Toolset:
             return self._list()
         except SpillboxError as e:
             return _error(str(e))
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, OverflowError) as e:
+            # OverflowError: a number too large for a float ({"timeout": 1e400 as digits}).
             return _error(f"bad arguments for {name}: {e}")
 
     def _exec(self, args: dict[str, Any]) -> ToolOutput:

@@ -15,12 +15,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, get_args
 
-Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld", "output"]
-"""Why a result's place in context is not the result itself (see spillbox.gate)."""
+Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld", "output", "refused"]
+"""Why a result's place in context is not the result itself (see spillbox.gate; "refused":
+Task.admit's one-line error for a result over its size cap or with an id that is not text)."""
 
 Lang = Literal["sql", "jq", "python", "sh"]
 """The code-mode languages."""
 LANGS: tuple[str, ...] = get_args(Lang)
+
+Origin = Literal["call", "file"]
+"""Where an artifact came from: a tool call's result, or a file a script left."""
 
 SessionCall = Literal["keep", "reset"]
 """A python call into the task's persistent session: as it is, or reset to empty first."""
@@ -39,6 +43,10 @@ EXTENSIONS: dict[ShapeKind, str] = {
 """The file extension a payload of each shape is stored with."""
 
 
+SIZE_CHUNK = 1 << 20
+"""Characters encoded at a time to count a text's UTF-8 bytes (ToolResult.size)."""
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """One tool call's result, as the tool returned it.
@@ -54,6 +62,16 @@ class ToolResult:
     offloadable: bool = True
     """False: the aggregate rule withholds the result instead of offloading it (a page
     read back from an artifact: already bounded, and offloading it would loop)."""
+
+    def size(self) -> int:
+        """How many bytes payload() stores, counted without encoding the content whole."""
+        content = self.content
+        if isinstance(content, bytes) or content.isascii():
+            return len(content)
+        return sum(
+            len(content[at : at + SIZE_CHUNK].encode("utf-8", "surrogatepass"))
+            for at in range(0, len(content), SIZE_CHUNK)
+        )
 
     def payload(self) -> tuple[bytes, str | None]:
         """The bytes to store, and the text they are (None if they are not text).
@@ -294,6 +312,9 @@ class ArtifactRow:
     deleted_by: str | None
     kind: str | None = None
     """The payload's shape kind (spillbox.types.ShapeKind); None if recorded before it was kept."""
+    origin: Origin = "call"
+    """"call": a tool call's result (call_id is the model's id of that call); "file": a file
+    a script left (call_id is the file's name)."""
 
     def tombstone(self) -> str:
         """What a read or query of this artifact says once it is deleted."""

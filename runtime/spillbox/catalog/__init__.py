@@ -23,9 +23,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import Select, Table, bindparam, func, insert, or_, select, tuple_, update
+from sqlalchemy import Select, Table, bindparam, case, func, insert, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import BindParameter
 
 from spillbox.catalog import migrate
 from spillbox.catalog.database import Database, Transaction, catalog_url, make_engine, sqlite_url
@@ -124,22 +125,28 @@ _LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindpar
 _ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
 _LIST_LIVE = _LIST_ARTIFACTS.where(_LIVE).order_by(*_ARTIFACT_ORDER)
 _LIST_ALL = _LIST_ARTIFACTS.order_by(*_ARTIFACT_ORDER)
+_REF: BindParameter[str] = bindparam("ref")
+_AS_CALL = (artifacts.c.origin == "call") & (artifacts.c.call_id == _REF)
+_BY_REF = (
+    _AS_CALL,
+    artifacts.c.path == _REF,
+    artifacts.c.artifact_id == _REF,
+    artifacts.c.name == _REF,
+    artifacts.c.name == bindparam("base"),
+)
+"""What a reference can be, in the order find() tries them."""
 _FIND = (
-    _LIST_ARTIFACTS.where(
-        or_(
-            artifacts.c.artifact_id == bindparam("ref"),
-            artifacts.c.name == bindparam("ref"),
-            artifacts.c.call_id == bindparam("ref"),
-        )
-    )
+    _LIST_ARTIFACTS.where(or_(*_BY_REF))
     .order_by(
+        case(*((match, rule) for rule, match in enumerate(_BY_REF))),  # the first rule it meets
         _LIVE.desc(),
-        (artifacts.c.artifact_id == bindparam("ref")).desc(),
-        # A file name is one artifact's alone; a call id may be a later output file's name
-        # (Task.store_file), which must not stand in for the payload stored under it.
-        (artifacts.c.name == bindparam("ref")).desc(),
         artifacts.c.created_at.desc(),
     )
+    .limit(1)
+)
+_ID_TAKEN = (
+    select(artifacts.c.artifact_id)
+    .where(artifacts.c.task_id == bindparam("task_id"), artifacts.c.artifact_id == _REF)
     .limit(1)
 )
 _EXPIRED_ROWS = select(*ARTIFACT_COLUMNS).where(*_EXPIRED).order_by(artifacts.c.expires_at)
@@ -220,7 +227,7 @@ class Catalog:
         self._db = Database(self.engine, self.where, busy_timeout)
         dialect = self.engine.dialect.name
         self._upsert_task = _upsert(dialect, tasks, ("task_id",))
-        self._upsert_artifact = _upsert(dialect, artifacts, ("task_id", "artifact_id"))
+        self._insert_artifact = _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
         try:
             with self._db.errors("migrating the schema"):
                 self.migrated = migrate.upgrade(self.engine, self.where)
@@ -295,18 +302,29 @@ class Catalog:
 
     # Artifacts
 
-    def add_artifact(self, row: ArtifactRow, redacted: str | None = None) -> None:
+    def add_artifact(self, row: ArtifactRow, redacted: str | None = None) -> bool:
         """Record an artifact and its offload; `redacted` (replacements per kind, as JSON)
-        logs, in the same transaction, that its payload was redacted before it was stored."""
+        logs, in the same transaction, that its payload was redacted before it was stored.
+
+        False, writing nothing, if the task has an artifact of this id already, live or a
+        tombstone: an id is one artifact's forever (a tombstone never comes back to life),
+        and the caller gives the payload another (id_taken)."""
         values = {column.name: getattr(row, column.name) for column in ARTIFACT_COLUMNS}
         values["pinned"] = int(row.pinned)
         if row.tokens_exact is not None:
             values["tokens_exact"] = int(row.tokens_exact)
         with self._db.transaction("recording an artifact") as tx:
-            tx.execute(self._upsert_artifact, {**values, **_CLAIMS})
+            if not tx.execute(self._insert_artifact, {**values, **_CLAIMS}):
+                return False
             _log(tx, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
             if redacted is not None:
                 _log(tx, row.task_id, row.artifact_id, "redact", "retention", redacted)
+        return True
+
+    def id_taken(self, task_id: str, artifact_id: str) -> bool:
+        """Whether the task has (or had: tombstones count) an artifact of this id."""
+        args = {"task_id": task_id, "ref": artifact_id}
+        return bool(self._db.rows("checking an artifact id", _ID_TAKEN, args))
 
     def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
         statement = _LIST_ALL if include_deleted else _LIST_LIVE
@@ -314,8 +332,19 @@ class Catalog:
         return [_artifact(row) for row in rows]
 
     def find(self, task_id: str, ref: str) -> ArtifactRow | None:
-        """An artifact (or its tombstone) by artifact id, file name, or the call id it came from."""
-        rows = self._db.rows("finding an artifact", _FIND, {"task_id": task_id, "ref": ref})
+        """An artifact (or its tombstone) by reference, tried in this order, so that an id
+        a model was given always means what it was given for:
+
+        1. the call id of a tool call's result: the model's own id for that call (an output
+           file named like a call id never stands in for the call's result);
+        2. the path a notice or a script's files showed;
+        3. the artifact id (never given to two artifacts, see add_artifact);
+        4. the file name; 5. the file name at the end of a path written another way.
+
+        Within a rule, a live artifact before a tombstone, then the newest (a call id a
+        model used again)."""
+        args = {"task_id": task_id, "ref": ref, "base": ref.rsplit("/", 1)[-1]}
+        rows = self._db.rows("finding an artifact", _FIND, args)
         return _artifact(rows[0]) if rows else None
 
     def touch(self, task_id: str, artifact_id: str, expires_at: float | None) -> None:
@@ -404,12 +433,26 @@ def _list_tasks(states: tuple[str, ...]) -> Select[Any]:
     return select(*TASK_COLUMNS).where(in_states).order_by(tasks.c.task_id)
 
 
+def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """The dialect's INSERT, which has ON CONFLICT."""
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    return postgresql.insert(table)
+
+
 def _upsert(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
     """INSERT a whole row, or replace every column of the row with these keys."""
-    statement = (sqlite if dialect == "sqlite" else postgresql).insert(table)
+    statement = _insert(dialect, table)
     others = {c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys}
     upsert: Insert = statement.on_conflict_do_update(index_elements=list(keys), set_=others)
     return upsert
+
+
+def _insert_new(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
+    """INSERT a whole row, or nothing if a row with these keys exists (0 rows changed)."""
+    statement = _insert(dialect, table)
+    insert_new: Insert = statement.on_conflict_do_nothing(index_elements=list(keys))
+    return insert_new
 
 
 def _log(

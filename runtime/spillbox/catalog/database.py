@@ -250,6 +250,12 @@ def translated(where: str, busy_timeout: float, doing: str) -> Iterator[None]:
         yield
     except SpillboxError:
         raise
+    except UnicodeEncodeError as e:
+        # Before the driver sent anything: nothing was written.
+        raise ConfigError(
+            f"the catalog {where} cannot hold text with a lone surrogate (not valid Unicode, "
+            f"at position {e.start}) while {doing}: give ids and names as valid text"
+        ) from None
     except exc.DBAPIError as e:
         raise _error(e.orig, where, busy_timeout, doing) from e
     except Exception as e:

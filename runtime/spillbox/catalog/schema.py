@@ -68,6 +68,7 @@ artifacts = Table(
     Column("deleted_at", TIMESTAMP),
     Column("deleted_by", Text),
     Column("kind", Text),
+    Column("origin", Text, nullable=False, server_default="call"),
     Column("claimed_by", Text),
     Column("claimed_until", TIMESTAMP),
     Index("artifacts_by_expiry", "state", "expires_at"),

@@ -169,10 +169,11 @@ def gated(
     output_schema: Mapping[str, Any] | None,
     link: types.ResourceLink | None = None,
 ) -> types.CallToolResult:
-    """The result the client gets: the server's own; the notice in its place (followed by
-    link, to the stored payload, if given); or, where redaction replaced a secret in what
-    the gate counted (counted(result)), the result rebuilt from the redacted text."""
-    if admitted.offloaded or admitted.reason == "withheld":
+    """The result the client gets: the server's own; the notice (or a refusal) in its
+    place (followed by link, to the stored payload, if given); or, where redaction replaced
+    a secret in what the gate counted (counted(result)), the result rebuilt from the
+    redacted text."""
+    if admitted.offloaded or admitted.reason in ("withheld", "refused"):
         return _replaced(result, admitted.text, output_schema, link)
     if admitted.text == counted(result):
         return result

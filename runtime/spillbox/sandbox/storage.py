@@ -12,7 +12,7 @@ Layout under the spillbox home:
                                             never deletes the lock that guards it
 
 Any id is safe: names are derived so that no id (long, with slashes, '..', unicode) can
-leave the task's folder or exceed a filename limit.
+leave the task's folder or exceed a filename limit, and no two ids share a name.
 """
 
 from __future__ import annotations
@@ -34,8 +34,16 @@ from spillbox.errors import ConfigError, StorageError
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_-]+")
-_NAME_DIGEST_CHARS = 12
-_NAME_PREFIX_CHARS = 40
+_DASHES = re.compile(r"-{2,}")
+ESCAPE_MARK = "--"
+"""Between an escaped name's readable prefix and its digest. No plain name holds it (an id
+that does is escaped too), so a plain id never names what an escaped one does."""
+_NAME_DIGEST_CHARS = 32
+"""128 bits of sha256: no one can make a second id with a chosen id's name."""
+_NAME_PREFIX_CHARS = 30
+"""With the mark and the digest, a name of at most 64 characters."""
+_LEGACY_PREFIX_CHARS = 40
+_LEGACY_DIGEST_CHARS = 12
 
 TASKS_DIR = "tasks"
 OFFLOAD_DIR = "offload"
@@ -46,22 +54,70 @@ TASK_ID_FILE = "task-id"
 
 
 def safe_name(ident: str) -> str:
-    """A filename stem for any id: the id itself if already plain, else a cleaned prefix
-    plus a digest of the full id, so distinct ids keep distinct names.
+    """A filename stem for any id: the id itself if already plain, else a cleaned prefix,
+    ESCAPE_MARK and a digest of the exact id. Distinct ids get distinct names: a plain name
+    never holds ESCAPE_MARK, an escaped one always does, and escaped ones differ by digest.
 
     >>> safe_name("call_1"), safe_name("../../etc/passwd")
-    ('call_1', 'etc_passwd-3754d6cb3a38')
+    ('call_1', 'etc_passwd--3754d6cb3a38e1185e5b382d5f3ef3f1')
     """
+    if _SAFE.fullmatch(ident) and ESCAPE_MARK not in ident:
+        return ident
+    return _escaped(ident)
+
+
+def _escaped(ident: str) -> str:
+    digest = hashlib.sha256(encode_id(ident)).hexdigest()[:_NAME_DIGEST_CHARS]
+    return f"{_prefix(ident)}{ESCAPE_MARK}{digest}"
+
+
+def _prefix(ident: str) -> str:
+    cleaned = _DASHES.sub("-", _UNSAFE_RUN.sub("_", ident)).strip("_-")
+    return cleaned[:_NAME_PREFIX_CHARS].rstrip("_-") or "id"
+
+
+def _legacy_name(ident: str) -> str:
+    """The name spillbox gave a task's folder before ESCAPE_MARK (which a plain id could
+    share with an escaped one): how existing homes' folders are found again."""
     if _SAFE.fullmatch(ident):
         return ident
-    digest = hashlib.sha256(_encode_id(ident)).hexdigest()
-    prefix = _UNSAFE_RUN.sub("_", ident).strip("_-")[:_NAME_PREFIX_CHARS] or "id"
-    return f"{prefix}-{digest[:_NAME_DIGEST_CHARS]}"
+    digest = hashlib.sha256(encode_id(ident)).hexdigest()[:_LEGACY_DIGEST_CHARS]
+    prefix = _UNSAFE_RUN.sub("_", ident).strip("_-")[:_LEGACY_PREFIX_CHARS] or "id"
+    return f"{prefix}-{digest}"
 
 
-def _encode_id(ident: str) -> bytes:
-    # surrogatepass: a str id may hold lone surrogates, and must not fail the offload.
+def encode_id(ident: str) -> bytes:
+    """An id's exact bytes. surrogatepass: a str id may hold lone surrogates, and must
+    still get a name of its own."""
     return ident.encode("utf-8", "surrogatepass")
+
+
+def task_folder_name(home: Path, task_id: str) -> str:
+    """The name of the task's folder under home/tasks, one task's alone.
+
+    A folder records its task's exact id (TASK_ID_FILE). The task's folder is the one that
+    records its id: under its name, its escaped form, or the name older versions gave it;
+    else its name, unless another id's folder holds it (two ids shared one name before
+    ESCAPE_MARK): then its escaped form, which no other id has.
+    """
+    tasks = home / TASKS_DIR
+    name = safe_name(task_id)
+    mine = encode_id(task_id)
+    for candidate in dict.fromkeys((name, _escaped(task_id), _legacy_name(task_id))):
+        if _recorded_id(tasks / candidate) == mine:
+            return candidate
+    claimed = _recorded_id(tasks / name)
+    if claimed is not None and claimed != mine:
+        return _escaped(task_id)
+    return name
+
+
+def _recorded_id(root: Path) -> bytes | None:
+    """The exact id a task folder records; None if there is none (no folder, or not yet)."""
+    try:
+        return (root / TASK_ID_FILE).read_bytes()
+    except OSError:
+        return None
 
 
 QUOTA_LOCK_FILE = "quota.lock"
@@ -186,10 +242,13 @@ class Staged:
     sha256: str
     bytes: int
 
-    def publish(self, stem: str, extension: str) -> StoredFile:
+    def publish(
+        self, stem: str, extension: str, reserved: Callable[[str], bool] = lambda _: False
+    ) -> StoredFile:
         """Link the payload into offload/ as <stem>.<ext>, or <stem>-2.<ext>... if that stem
-        is taken, under any extension: the stem is the artifact id, whose catalog row a
-        second c1.txt beside c1.json would replace (leaving c1.json unrecorded)."""
+        is taken, under any extension (the stem is the artifact id, whose catalog row a
+        second c1.txt beside c1.json would replace, leaving c1.json unrecorded), or reserved
+        (an id the catalog still knows: a tombstone's is never given again)."""
         storage = self.storage
         n = 1
         with storage.errors(f"payload {stem!r}"):
@@ -197,7 +256,7 @@ class Staged:
             while True:
                 free = stem if n == 1 else f"{stem}-{n}"
                 n += 1
-                if free in taken:
+                if free in taken or reserved(free):
                     continue
                 name = f"{free}.{extension}"
                 try:
@@ -219,12 +278,14 @@ class TaskStorage:
 
     def __init__(self, home: Path, task_id: str) -> None:
         self.task_id = task_id
-        self.root = home / TASKS_DIR / safe_name(task_id)
+        self.name = task_folder_name(home, task_id)
+        """The task's own name on the host: its folder's, its lock's, its container's."""
+        self.root = home / TASKS_DIR / self.name
         self.offload = self.root / OFFLOAD_DIR
         self.work = self.root / WORK_DIR
         self.cache = self.root / CACHE_DIR
         self.incoming = self.root / INCOMING_DIR
-        self.open_lock = home / LOCKS_DIR / f"{safe_name(task_id)}{OPEN_LOCK_SUFFIX}"
+        self.open_lock = home / LOCKS_DIR / f"{self.name}{OPEN_LOCK_SUFFIX}"
         """Held shared by every harness that has the task open (see OpenHold)."""
 
     def ensure(self) -> None:
@@ -235,7 +296,7 @@ class TaskStorage:
             id_file = self.root / TASK_ID_FILE
             if not id_file.exists():
                 # Bytes, not text: text mode would turn "\r" into "\n" on reading back.
-                id_file.write_bytes(_encode_id(self.task_id))
+                id_file.write_bytes(encode_id(self.task_id))
         except OSError as e:
             raise StorageError(
                 f"cannot create task storage at {self.root}: {e.strerror}; "

@@ -52,7 +52,7 @@ from spillbox.sandbox.docker_errors import (
     unless_gone,
 )
 from spillbox.sandbox.image import ensure_image, image_tag
-from spillbox.sandbox.storage import StoredFile, TaskStorage, safe_name
+from spillbox.sandbox.storage import StoredFile, TaskStorage
 from spillbox.types import LANGS, RawExec, SessionCall
 
 LABEL_TASK = "spillbox.task"
@@ -149,8 +149,10 @@ class DockerBackend(SandboxBackend):
         return self._client
 
     def container_name(self, storage: TaskStorage) -> str:
+        """The task's own container name (its folder's name, which no other task has); the
+        container is found by its labels, which hold the exact task id."""
         home_digest = hashlib.sha256(self._home_label.encode()).hexdigest()[:8]
-        return f"spillbox-{home_digest}-{safe_name(storage.task_id)}"
+        return f"spillbox-{home_digest}-{storage.name}"
 
     def create(self, storage: TaskStorage) -> None:
         """Prepare the task's storage for the engine's uid (scripts write only to tmpfs)."""
@@ -308,6 +310,12 @@ class DockerBackend(SandboxBackend):
             container = unless_gone(partial(self.client.containers.get, name), None)
             if container is None:
                 time.sleep(0.2)
+            elif not self._owns(container, storage):
+                raise SandboxError(
+                    f"the container name {name} is held by a container of another task or "
+                    f"home: task {storage.task_id!r} does not use it; remove it with "
+                    f"`docker rm -f {name}` if it is stale"
+                )
             elif container.status == "running" or self._start(container):
                 return container
             raise SandboxError(
@@ -320,6 +328,13 @@ class DockerBackend(SandboxBackend):
             lambda said: f"Docker could not start the sandbox of task {storage.task_id!r}: {said}"
         ):
             return retry(claim, CREATE_ATTEMPTS)
+
+    def _owns(self, container: Any, storage: TaskStorage) -> bool:
+        """Whether the container was made for this task of this home (by its labels)."""
+        labels = container.labels
+        return bool(
+            labels.get(LABEL_TASK) == storage.task_id and labels.get(LABEL_HOME) == self._home_label
+        )
 
     def _run_options(self, storage: TaskStorage, name: str, tag: str) -> dict[str, Any]:
         """The hardened container's settings (README, "The sandbox"): every relaxation is a

@@ -8,7 +8,6 @@ can end, and what the host then does, is outcome.py's table.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 import docker
 
 from spillbox.errors import ExecError, SandboxError, retry
+from spillbox.sandbox.docker.answers import engine_answer, fork_server_end
 from spillbox.sandbox.docker.engine import SqlEngine
 from spillbox.sandbox.docker.layout import (
     ENGINE_USER,
@@ -358,7 +358,7 @@ class TaskSandbox:
                 if kind == STARTED:
                     began = True
                 elif kind == END:
-                    end = json.loads(data)
+                    end = fork_server_end(data)
                 else:
                     (stdout if kind == STDOUT else stderr).add(data)
         except GaveUp:
@@ -371,9 +371,9 @@ class TaskSandbox:
             self._put_back(runner, end is not None)
         return _Output(
             started=began,
-            exit_code=EXIT_KILLED if end is None else int(end["exit_code"]),
+            exit_code=EXIT_KILLED if end is None else end.exit_code,
             end_mark=end is not None,
-            oom_mark=end is not None and bool(end["oom_killed"]),
+            oom_mark=end is not None and end.oom_killed,
             closed=closed,
             died=died,
             stdout=stdout.value(),
@@ -381,7 +381,7 @@ class TaskSandbox:
             stderr=stderr.value(),
             since=since,
             ran_for=time.monotonic() - started,
-            outputs=end is not None and bool(end.get("outputs")),
+            outputs=end is not None and end.outputs,
         )
 
     def _runner_for(self, container: Any) -> Runner:
@@ -490,13 +490,14 @@ class TaskSandbox:
         if response is None:
             self.drop_engine(kill=True)
             return RawExec(124, b"", b"query killed: it ran past its timeout", True, False)
+        answer = engine_answer(response)
         return RawExec(
-            exit_code=int(response["exit_code"]),
-            stdout=str(response["stdout"]).encode("utf-8"),
-            stderr=str(response["stderr"]).encode("utf-8"),
-            timed_out=bool(response.get("timed_out")),
+            exit_code=answer.exit_code,
+            stdout=answer.stdout.encode("utf-8"),
+            stderr=answer.stderr.encode("utf-8"),
+            timed_out=answer.timed_out,
             oom_killed=False,
-            stdout_truncated=bool(response.get("truncated")),
+            stdout_truncated=answer.truncated,
         )
 
     def _query(self, container: Any, code: str, timeout: float) -> dict[str, Any] | None:
