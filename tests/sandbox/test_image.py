@@ -63,6 +63,19 @@ def test_missing_images_dir_is_a_config_error(
         image.image_tag()
 
 
+def test_the_named_stages_split_into_dockerfiles_of_their_own() -> None:
+    dockerfile = (image.images_dir() / "sandbox" / "Dockerfile").read_text()
+    stages = image._stage_dockerfiles(dockerfile)
+    assert sorted(stages) == ["build", "venv"]
+    header = dockerfile[: dockerfile.index("\nFROM ") + 1]
+    for name, text in stages.items():
+        assert text.startswith(header)  # the global ARGs: FROM ${BASE} needs them
+        froms = [line for line in text.splitlines() if line.startswith("FROM ")]
+        assert froms == [f"FROM ${{BASE}} AS {name}"]
+        assert "--from=" not in text  # built side by side: no stage takes from another
+        assert text[len(header) :] in dockerfile
+
+
 def _sdist(member: str, data: bytes) -> bytes:
     """A tar.gz holding one file, as the jq sdist holds jq's release tarball."""
     buffer = io.BytesIO()
