@@ -6,7 +6,9 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +20,7 @@ from spillbox.types import LANGS, Admitted, ArtifactRow, ToolResult
 if TYPE_CHECKING:
     from spillbox.config import SandboxKind
     from spillbox.harness import Harness, Task
+    from spillbox.sandbox.image import BuildEvent
 
 # The settings (tiktoken), the harness (the catalog, Docker), the tools and retention are
 # imported by the commands that use them: `spillbox --version` and `--help` pay for none.
@@ -210,9 +213,17 @@ def _parser() -> argparse.ArgumentParser:
 
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
-    build = image_commands.add_parser("build", help="build the sandbox image if missing")
+    build = image_commands.add_parser(
+        "build",
+        help="build the sandbox image if missing",
+        description="Build the sandbox image if missing, showing its steps on stderr; the last "
+        "line (stdout) is the image's tag and size.",
+    )
     build.add_argument("--base", choices=["auto", "registry", "debootstrap"], default="auto")
     build.add_argument("--force", action="store_true", help="rebuild even if present")
+    build.add_argument(
+        "--quiet", action="store_true", help="print only the last line (for scripts)"
+    )
     build.set_defaults(func=_image_build)
     return parser
 
@@ -556,17 +567,79 @@ def _image_build(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from spillbox.sandbox.docker import connect
-    from spillbox.sandbox.image import build_image, image_present, image_tag
+    from spillbox.sandbox.image import build_image, image_present, image_size, image_tag
 
-    console = Console(stderr=True)
     client = connect()
+    started = time.monotonic()
     if image_present(client) and not args.force:
-        print(image_tag())
-        return 0
-    with console.status("building the sandbox image") as status:
-        tag = build_image(client, base=args.base, progress=lambda line: status.update(line[:100]))
-    print(tag)
+        tag, how = image_tag(), "already built"
+    elif args.quiet:
+        tag, how = build_image(client, base=args.base), "built"
+    else:
+        with BuildView(Console(stderr=True)) as view:
+            tag = build_image(client, base=args.base, progress=view.show)
+        how = f"built in {_duration(time.monotonic() - started)}"
+    print(f"{tag} {image_size(client, tag) / 1e6:.0f} MB ({how})")
     return 0
+
+
+class BuildView:
+    """The image build's events on a console: each step's start and end as a line (the end
+    with the step's elapsed time), and while steps run, one spinner each with its latest line.
+
+    >>> with BuildView(Console(stderr=True)) as view:  # doctest: +SKIP
+    ...     build_image(client, progress=view.show)
+    """
+
+    def __init__(self, console: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._console = console
+        self._clock = clock
+        self._live = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.fields[step]}[/]"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,  # a log gets the step lines alone
+        )
+        self._running: dict[str, tuple[Any, float]] = {}
+        self._lock = threading.Lock()  # the build's two stages report from two threads
+
+    def __enter__(self) -> BuildView:
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.stop()
+
+    def show(self, event: BuildEvent) -> None:
+        from rich.markup import escape
+
+        with self._lock:
+            if event.kind == "start":
+                self._console.print(f"[bold]{event.step}[/]: {escape(event.text)}")
+                task = self._live.add_task(escape(event.text[:80]), step=event.step)
+                self._running[event.step] = (task, self._clock())
+            elif event.kind == "output" and event.step in self._running:
+                self._live.update(self._running[event.step][0], description=escape(event.text[:80]))
+            elif event.kind == "done":
+                elapsed = ""
+                if event.step in self._running:
+                    task, started = self._running.pop(event.step)
+                    self._live.remove_task(task)
+                    elapsed = f" [dim]({_duration(self._clock() - started)})[/]"
+                line = f"[green]✓[/] [bold]{event.step}[/]: {escape(event.text)}{elapsed}"
+                self._console.print(line)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
 
 
 if __name__ == "__main__":

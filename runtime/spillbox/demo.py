@@ -580,7 +580,9 @@ def run_demo(
         with console.status("checking the sandbox image") as status:
             ensure_image(
                 client,
-                progress=lambda line: status.update(f"building the sandbox image: {line[:100]}"),
+                progress=lambda event: status.update(
+                    f"building the sandbox image: {event.step}: {event.text[:100]}"
+                ),
             )
     finally:
         client.close()

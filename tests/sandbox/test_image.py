@@ -63,6 +63,19 @@ def test_missing_images_dir_is_a_config_error(
         image.image_tag()
 
 
+def test_the_named_stages_split_into_dockerfiles_of_their_own() -> None:
+    dockerfile = (image.images_dir() / "sandbox" / "Dockerfile").read_text()
+    stages = image._stage_dockerfiles(dockerfile)
+    assert sorted(stages) == ["build", "venv"]
+    header = dockerfile[: dockerfile.index("\nFROM ") + 1]
+    for name, text in stages.items():
+        assert text.startswith(header)  # the global ARGs: FROM ${BASE} needs them
+        froms = [line for line in text.splitlines() if line.startswith("FROM ")]
+        assert froms == [f"FROM ${{BASE}} AS {name}"]
+        assert "--from=" not in text  # built side by side: no stage takes from another
+        assert text[len(header) :] in dockerfile
+
+
 def _sdist(member: str, data: bytes) -> bytes:
     """A tar.gz holding one file, as the jq sdist holds jq's release tarball."""
     buffer = io.BytesIO()
@@ -177,18 +190,20 @@ def test_a_stalled_pull_does_not_hang_auto(docker_client: docker.DockerClient) -
     # socket nobody accepts on, so the engine waits as it would on a blackholed registry.
     server = socket.create_server(("127.0.0.1", 0))
     reference = f"127.0.0.1:{server.getsockname()[1]}/python:3.11-slim"
-    lines: list[str] = []
+    events: list[image.BuildEvent] = []
     started = time.monotonic()
     try:
         usable = image._registry_base_usable(
-            docker_client, reference, lines.append, stall_seconds=1.0
+            docker_client, reference, events.append, stall_seconds=1.0
         )
     finally:
         server.close()
     assert not usable
     # A guard against a hang (an unbounded wait), not a speed claim: 1 s stall, 30 s bound.
     assert time.monotonic() - started < 30
-    assert lines[-1].startswith("no registry: pulling")
+    assert events[-1].step == "registry"
+    assert events[-1].kind == "done"
+    assert events[-1].text.startswith("no registry: pulling")
 
 
 @pytest.mark.docker
@@ -203,14 +218,14 @@ def test_pruning_removes_outdated_images_that_no_container_uses(
         docker_client.images.build(fileobj=context, tag=tag, rm=True)
         outdated.append(tag)
     in_use = docker_client.containers.create(outdated[1], labels={"spillbox.test": "1"})
-    lines: list[str] = []
+    events: list[image.BuildEvent] = []
     try:
-        image.prune_outdated(docker_client, sandbox_image, lines.append)
+        image.prune_outdated(docker_client, sandbox_image, events.append)
         assert not image._image_exists(docker_client, outdated[0])
         assert image._image_exists(docker_client, outdated[1])  # a container still uses it
         assert image._image_exists(docker_client, sandbox_image)
-        assert f"removed outdated image {outdated[0]}" in lines
+        assert image.BuildEvent("prune", "done", f"removed outdated image {outdated[0]}") in events
     finally:
         in_use.remove(force=True)
-    image.prune_outdated(docker_client, sandbox_image, lines.append)
+    image.prune_outdated(docker_client, sandbox_image, events.append)
     assert not image._image_exists(docker_client, outdated[1])

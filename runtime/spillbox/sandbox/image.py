@@ -1,11 +1,14 @@
 """The sandbox image: named by a hash of its files, built from them with or without a registry.
 
 Users with a container registry get the ordinary ``FROM python:3.11-slim`` build. Machines with
-no registry get a Debian base made with debootstrap and imported into Docker, and the image is
+no registry get a Debian base made with mmdebstrap and imported into Docker, and the image is
 then built with no network. Either way duckdb, pyarrow and jq come from wheels fetched on the host
 with pip, so nothing inside the build talks to a package index; and the jq CLI is built in a
 stage of its own from jq's release source, fetched on the host and checked against its pinned
 sha256, so the final image carries no compiler.
+
+The build reports its steps as BuildEvents (a step starts, prints a line, is done); the build
+and venv stages run side by side, so two steps may be running at once.
 
 >>> import docker
 >>> from spillbox.sandbox.image import ensure_image
@@ -20,6 +23,7 @@ import json
 import os
 import platform
 import queue
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +32,9 @@ import tempfile
 import threading
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -44,9 +50,11 @@ IMAGE_LABEL = "spillbox.image"
 REGISTRY_BASE = "python:3.11-slim"
 DEBIAN_SUITE = "bookworm"
 """Its python3 is 3.11, which the cp311 wheels need."""
-DEBOOTSTRAP_PACKAGES = ("python3", "python3-venv", "tini", "procps")
+DEBIAN_PACKAGES = ("python3", "python3-venv", "tini", "procps")
+"""The offline base's packages (mmdebstrap's minbase variant has the rest)."""
 BUILD_PACKAGES = ("gcc", "make", "libc6-dev")
-"""The jq build stage's compiler (offline: a debootstrap base of its own), never in the image."""
+"""The build stage's compiler, never in the image: offline, their .debs are downloaded with the
+base (same mirror, same moment) and installed in the build stage with dpkg."""
 JQ_SDIST_URL = (
     "https://files.pythonhosted.org/packages/67/67/"
     "bd53dc762c2e7728b7b32bdbe59ecb74ae6bc6b7609e5063e6e44553b44f/jq-1.13.0.tar.gz"
@@ -63,23 +71,39 @@ PULL_STALL_SECONDS = 15.0
 """In "auto", a pull that reports nothing for this long counts as no registry (a blackholed
 registry otherwise holds the pull for 25 s or more before the engine gives up)."""
 
+SCRATCH_MIN_FREE = 2 << 30
+"""The least free space of /dev/shm for mmdebstrap to unpack the base there (about 600 MB at its
+peak): a tmpfs spares it the disk's fsyncs, which on a busy machine take most of its time."""
+
 BaseKind = Literal["auto", "registry", "debootstrap"]
-Progress = Callable[[str], None]
+EventKind = Literal["start", "output", "done"]
+
+
+@dataclass(frozen=True)
+class BuildEvent:
+    """What the image build reports: a step starts (text: what it does), prints a line of its
+    output, or is done (text: what it made or found). A step whose work was already done (in
+    the cache, already built) is reported done only."""
+
+    step: str
+    """Its name: "wheels", "jq source", "registry", "base", "stage build", "stage venv",
+    "image" or "prune"."""
+    kind: EventKind
+    text: str
+
+
+Progress = Callable[[BuildEvent], None]
+Lines = Callable[[str], None]
 
 _HASH_CHARS = 16
 _IGNORED_NAMES = frozenset({"__pycache__"})
+_DEBS_DIR = "/var/cache/spillbox-build-debs"
+"""Where the build packages' .debs are downloaded inside the base tree, then moved out."""
 _ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 # docker import gives an image with no config; these make it behave like a Debian image.
 _IMPORT_CHANGES = (
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ENV LANG=C.UTF-8",
-)
-# Package caches and indexes that debootstrap leaves behind (about 95 MB); Debian's own images
-# drop them too, and apt-get update brings the indexes back.
-_ROOTFS_EXCLUDES = (
-    "./var/cache/apt/archives/*.deb",
-    "./var/cache/apt/*.bin",
-    "./var/lib/apt/lists/*",
 )
 _OFFLINE_HINT = "or make python:3.11-slim available and build with base='registry'"
 
@@ -121,6 +145,13 @@ def ensure_image(client: docker.DockerClient, *, progress: Progress | None = Non
     return build_image(client, progress=progress)
 
 
+def image_size(client: docker.DockerClient, tag: str) -> int:
+    """The size of an image in bytes, as Docker counts it (all its layers)."""
+    with _docker_errors(f"looking up image {tag}", "check that Docker is running"):
+        size: int = client.images.get(tag).attrs["Size"]
+    return size
+
+
 def build_image(
     client: docker.DockerClient,
     *,
@@ -131,9 +162,9 @@ def build_image(
     """Build the sandbox image and return its tag.
 
     base: "registry" builds FROM python:3.11-slim (pulled if missing); "debootstrap" builds from
-    a local Debian base with no network (needs root); "auto" uses the registry when
-    python:3.11-slim is present or pulls without stalling, else debootstrap.
-    cache_dir keeps the downloaded wheels across builds (default ~/.cache/spillbox).
+    a local Debian base made with mmdebstrap, with no network (needs root); "auto" uses the
+    registry when python:3.11-slim is present or pulls without stalling, else "debootstrap".
+    cache_dir keeps the downloads across builds (default ~/.cache/spillbox).
     """
     report = progress or _discard
     root = images_dir()
@@ -146,12 +177,12 @@ def build_image(
 
     if base == "auto":
         base = "registry" if _registry_base_usable(client, REGISTRY_BASE, report) else "debootstrap"
+    debs: Path | None = None
     if base == "registry":
         # Its build stage installs BUILD_PACKAGES with apt-get: the build has the network.
-        base_image, builder_image, network_mode = REGISTRY_BASE, REGISTRY_BASE, None
+        base_image, network_mode = REGISTRY_BASE, None
     else:
-        base_image = _debootstrap_base(client, cache, report, DEBOOTSTRAP_PACKAGES)
-        builder_image = _debootstrap_base(client, cache, report, BUILD_PACKAGES)
+        base_image, debs = _debian_base(client, cache, report)
         network_mode = "none"
 
     with tempfile.TemporaryDirectory(prefix="build-", dir=cache) as tmp:
@@ -160,34 +191,35 @@ def build_image(
         # Hard links: the wheels are tens of MB and the context lives on the same filesystem.
         shutil.copytree(wheels, context / "wheels", copy_function=os.link)
         os.link(jq_source, context / JQ_SOURCE_NAME)
-        report(f"building {tag} from {base_image}")
-        with _docker_errors("building the sandbox image", "check that Docker has disk space"):
-            stream = client.api.build(
-                path=str(context),
-                tag=tag,
-                buildargs={"BASE": base_image, "BUILDER": builder_image},
-                labels={IMAGE_LABEL: "1", "spillbox.content-hash": content_hash},
-                network_mode=network_mode,
-                rm=True,
-                forcerm=True,
-                decode=True,
-            )
-            output = ""
-            for event in stream:
-                if "error" in event:
-                    raise SandboxError(
-                        f"building the sandbox image from {base_image} failed: "
-                        f"{_one_line(str(event['error']))} (last output: {output or 'none'}); "
-                        "try the other base (base='registry' or base='debootstrap')"
-                    )
-                for line in _event_lines(event):
-                    output = line
-                    report(line)
+        (context / "debs").mkdir()
+        for deb in debs.iterdir() if debs else ():
+            os.link(deb, context / "debs" / deb.name)
+        build = partial(
+            _docker_build, client, context, {"BASE": base_image}, network_mode, base_image
+        )
+        stages = _stage_dockerfiles((context / "Dockerfile").read_text())
+        # The legacy builder (docker-py has no BuildKit) runs stages one after the other; built
+        # side by side as builds of their own, they are in the cache for the whole file's build.
+        with ThreadPoolExecutor(max_workers=len(stages)) as pool:
+            futures = []
+            for name, text in stages.items():
+                (context / f"Dockerfile.{name}").write_text(text)
+                step = _Step(report, f"stage {name}", f"building the {name} stage")
+                futures.append(pool.submit(build, step, f"Dockerfile.{name}"))
+            for future in futures:
+                future.result()
+        step = _Step(report, "image", f"building {tag} from {base_image}")
+        build(
+            step,
+            "Dockerfile",
+            tag=tag,
+            labels={IMAGE_LABEL: "1", "spillbox.content-hash": content_hash},
+        )
     prune_outdated(client, tag, report)
     return tag
 
 
-def prune_outdated(client: docker.DockerClient, keep: str, report: Progress) -> None:
+def prune_outdated(client: docker.DockerClient, keep: str, progress: Progress) -> None:
     """Remove the sandbox images of earlier file versions that no container uses.
 
     Each upgrade builds a new image of about 450 MB; the old ones would stay forever. An image
@@ -203,7 +235,76 @@ def prune_outdated(client: docker.DockerClient, keep: str, report: Progress) -> 
                 client.images.remove(ref)
             except DOCKER_FAILURES:
                 continue  # in use, or removed meanwhile by another process
-            report(f"removed outdated image {ref}")
+            progress(BuildEvent("prune", "done", f"removed outdated image {ref}"))
+
+
+class _Step:
+    """One step of the build, as events: started when made, then lines of output, then done."""
+
+    def __init__(self, progress: Progress, step: str, text: str) -> None:
+        self._progress = progress
+        self.step = step
+        progress(BuildEvent(step, "start", text))
+
+    def output(self, line: str) -> None:
+        self._progress(BuildEvent(self.step, "output", line))
+
+    def done(self, text: str) -> None:
+        self._progress(BuildEvent(self.step, "done", text))
+
+
+def _docker_build(
+    client: docker.DockerClient,
+    context: Path,
+    buildargs: dict[str, str],
+    network_mode: str | None,
+    base_image: str,
+    step: _Step,
+    dockerfile: str,
+    *,
+    tag: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """One docker build of the context, its output lines reported as the step's."""
+    with _docker_errors("building the sandbox image", "check that Docker has disk space"):
+        stream = client.api.build(
+            path=str(context),
+            dockerfile=dockerfile,
+            tag=tag,
+            buildargs=buildargs,
+            labels=labels,
+            network_mode=network_mode,
+            rm=True,
+            forcerm=True,
+            decode=True,
+        )
+        output = ""
+        for event in stream:
+            if "error" in event:
+                raise SandboxError(
+                    f"building the sandbox image from {base_image} failed: "
+                    f"{_one_line(str(event['error']))} (last output: {output or 'none'}); "
+                    "try the other base (base='registry' or base='debootstrap')"
+                )
+            for line in _event_lines(event):
+                output = line
+                step.output(line)
+    step.done(tag or dockerfile.removeprefix("Dockerfile.") + " stage")
+
+
+def _stage_dockerfiles(dockerfile: str) -> dict[str, str]:
+    """Each named stage of a Dockerfile as a Dockerfile of its own: the global ARGs (the lines
+    before the first FROM), then the stage's lines. The named stages take nothing from one
+    another (no COPY --from), so they can be built in any order, side by side."""
+    lines = dockerfile.splitlines(keepends=True)
+    starts = [n for n, line in enumerate(lines) if line.split()[:1] in (["FROM"], ["from"])]
+    header = "".join(lines[: starts[0]])
+    stages = {}
+    for first, after in zip(starts, [*starts[1:], len(lines)], strict=True):
+        words = lines[first].split()
+        if len(words) == 4 and words[2].lower() == "as":
+            stages[words[3]] = header + "".join(lines[first:after])
+    return stages
 
 
 def _tag(content_hash: str) -> str:
@@ -238,15 +339,16 @@ def _arch() -> str:
     return _ARCHES[machine]
 
 
-def _fetch_wheels(requirements: Path, cache: Path, report: Progress) -> Path:
+def _fetch_wheels(requirements: Path, cache: Path, progress: Progress) -> Path:
     """The folder of cp311 manylinux wheels for requirements, downloaded once per pin set."""
     platform_tag = f"manylinux_2_28_{_arch()}"
     pins = hashlib.sha256(requirements.read_bytes()).hexdigest()[:_HASH_CHARS]
     wheels = cache / "wheels" / f"cp311-{platform_tag}-{pins}"
     if wheels.is_dir():
+        progress(BuildEvent("wheels", "done", f"{_count(wheels)} wheels, in the cache"))
         return wheels
     wheels.parent.mkdir(parents=True, exist_ok=True)
-    report(f"downloading wheels for {requirements.name} ({platform_tag})")
+    step = _Step(progress, "wheels", f"downloading the wheels of {requirements.name}")
     download = Path(tempfile.mkdtemp(prefix="download-", dir=wheels.parent))
     try:
         _run(
@@ -261,7 +363,7 @@ def _fetch_wheels(requirements: Path, cache: Path, report: Progress) -> Path:
             ],
             what="pip download of the sandbox wheels",
             hint="check access to the package index (pip config), then retry",
-            report=report,
+            report=step.output,
         )
         # The folder appears complete at once, so an interrupted download is never reused.
         download.rename(wheels)
@@ -270,17 +372,19 @@ def _fetch_wheels(requirements: Path, cache: Path, report: Progress) -> Path:
             raise
     finally:
         shutil.rmtree(download, ignore_errors=True)
+    step.done(f"{_count(wheels)} wheels, {_megabytes(wheels)} ({platform_tag})")
     return wheels
 
 
-def _fetch_jq_source(cache: Path, report: Progress) -> Path:
+def _fetch_jq_source(cache: Path, progress: Progress) -> Path:
     """jq's release tarball (JQ_SOURCE_MEMBER), taken once from the pinned sdist after
     checking the sdist's sha256, and kept in the cache."""
     target = cache / "sources" / f"{JQ_SDIST_SHA256[:_HASH_CHARS]}-{Path(JQ_SOURCE_MEMBER).name}"
     if target.is_file():
+        progress(BuildEvent("jq source", "done", f"{target.name}, in the cache"))
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    report(f"downloading jq's source ({JQ_SDIST_URL.rsplit('/', 1)[-1]})")
+    step = _Step(progress, "jq source", f"downloading {JQ_SDIST_URL.rsplit('/', 1)[-1]}")
     hint = "check access to files.pythonhosted.org, then retry"
     try:
         with urllib.request.urlopen(JQ_SDIST_URL, timeout=60) as response:
@@ -306,13 +410,14 @@ def _fetch_jq_source(cache: Path, report: Progress) -> Path:
         os.rename(name, target)
     finally:
         Path(name).unlink(missing_ok=True)
+    step.done(f"{target.name}, {_megabytes(target)}, sha256 checked")
     return target
 
 
 def _registry_base_usable(
     client: docker.DockerClient,
     image: str,
-    report: Progress,
+    progress: Progress,
     stall_seconds: float = PULL_STALL_SECONDS,
 ) -> bool:
     """Whether image is present or can be pulled; a pull that stalls counts as no registry.
@@ -321,8 +426,9 @@ def _registry_base_usable(
     behind (and ends when the engine gives up) if it stalls.
     """
     if _image_exists(client, image):
+        progress(BuildEvent("registry", "done", f"{image}, already pulled"))
         return True
-    report(f"pulling {image}")
+    step = _Step(progress, "registry", f"pulling {image}")
     events: queue.Queue[Mapping[str, Any] | Exception | None] = queue.Queue()
 
     def pull() -> None:
@@ -339,58 +445,66 @@ def _registry_base_usable(
         try:
             event = events.get(timeout=stall_seconds)
         except queue.Empty:
-            report(f"no registry: pulling {image} stalled for {stall_seconds:.0f} s")
+            step.done(f"no registry: pulling {image} stalled for {stall_seconds:.0f} s")
             return False
         if event is None:
+            step.done(f"{image}, pulled")
             return True
         if isinstance(event, Exception) or "error" in event:
             reason = detail(event) if isinstance(event, Exception) else str(event["error"])
-            report(f"no registry: pulling {image} failed: {_one_line(reason)}")
+            step.done(f"no registry: pulling {image} failed: {_one_line(reason)}")
             return False
         for line in _event_lines(event):
-            report(line)
+            step.output(line)
 
 
-def _debootstrap_base(
-    client: docker.DockerClient, cache: Path, report: Progress, packages: Sequence[str]
-) -> str:
-    """A local Debian base image with packages, made with debootstrap, reused while its
-    inputs are unchanged."""
+def _debian_base(client: docker.DockerClient, cache: Path, progress: Progress) -> tuple[str, Path]:
+    """A local Debian base image with DEBIAN_PACKAGES, made with mmdebstrap, and the folder of
+    BUILD_PACKAGES' .debs (with what they need beyond the base), made with it; both reused
+    while their inputs are unchanged. One base serves the build stages and the image."""
     inputs = json.dumps(
-        [DEBIAN_SUITE, "minbase", list(packages), _arch(), _ROOTFS_EXCLUDES, _IMPORT_CHANGES]
+        [DEBIAN_SUITE, "minbase", DEBIAN_PACKAGES, BUILD_PACKAGES, _arch(), _IMPORT_CHANGES]
     ).encode()
     tag_name = hashlib.sha256(inputs).hexdigest()[:_HASH_CHARS]
     base = f"{BASE_REPOSITORY}:{tag_name}"
-    if _image_exists(client, base):
-        return base
-    debootstrap = _debootstrap_command(report)
-    # debootstrap must run executables inside the new tree, so it lives in the cache, not in a
-    # /tmp that may be mounted noexec.
-    with tempfile.TemporaryDirectory(prefix="debootstrap-", dir=cache) as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        mirror = _apt_mirror()
-        report(f"debootstrap {DEBIAN_SUITE} from {mirror or 'the default Debian mirror'}")
-        _run(
-            [
-                *(debootstrap, "--variant=minbase", f"--include={','.join(packages)}"),
-                *(DEBIAN_SUITE, str(rootfs), *([mirror] if mirror else [])),
-            ],
-            what="debootstrap of the sandbox base",
-            hint=f"check access to the Debian mirror in the apt sources, {_OFFLINE_HINT}",
-            report=report,
-        )
+    debs = cache / "debs" / tag_name
+    if _image_exists(client, base) and debs.is_dir():
+        progress(BuildEvent("base", "done", f"{base}, already built"))
+        return base, debs
+    mmdebstrap = _mmdebstrap_command(progress)
+    mirror = _apt_mirror()
+    step = _Step(
+        progress,
+        "base",
+        f"mmdebstrap {DEBIAN_SUITE} ({', '.join(DEBIAN_PACKAGES)}; the .debs of "
+        f"{', '.join(BUILD_PACKAGES)}) from {mirror or 'the default Debian mirror'}",
+    )
+    debs.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="base-", dir=cache) as tmp:
         tarball = Path(tmp) / "rootfs.tar"
+        downloaded = Path(tmp) / "debs"
+        downloaded.mkdir()
+        # Hooks run on the host with the tree as $1, before mmdebstrap empties apt's lists and
+        # caches; the .debs are moved out, so the base does not carry them.
+        hooks = (
+            f'mkdir -p "$1{_DEBS_DIR}/partial"',
+            f'chroot "$1" apt-get install --download-only --yes --no-install-recommends '
+            f"-o Dir::Cache::Archives={_DEBS_DIR}/ {' '.join(BUILD_PACKAGES)}",
+            f'mv "$1{_DEBS_DIR}"/*.deb {shlex.quote(str(downloaded))}/ && rm -rf "$1{_DEBS_DIR}"',
+        )
         _run(
             [
-                *("tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball)),
-                *(f"--exclude={pattern}" for pattern in _ROOTFS_EXCLUDES),
-                ".",
+                *(mmdebstrap, "--variant=minbase", "--mode=root", "--dpkgopt=force-unsafe-io"),
+                f"--include={','.join(DEBIAN_PACKAGES)}",
+                *(f"--customize-hook={hook}" for hook in hooks),
+                *(DEBIAN_SUITE, str(tarball), *([mirror] if mirror else [])),
             ],
-            what="packing the debootstrap tree",
-            hint=f"check free disk space in {cache}",
-            report=report,
+            what="mmdebstrap of the sandbox base",
+            hint=f"check access to the Debian mirror in the apt sources, {_OFFLINE_HINT}",
+            report=step.output,
+            env={**os.environ, "TMPDIR": str(_scratch_dir(cache))},
         )
-        report(f"importing {base}")
+        step.output(f"importing {base}")
         with _docker_errors("docker import of the sandbox base", "check Docker's free disk space"):
             client.api.import_image_from_file(
                 str(tarball),
@@ -398,48 +512,67 @@ def _debootstrap_base(
                 tag=tag_name,
                 changes=list(_IMPORT_CHANGES),
             )
-    return base
+        shutil.rmtree(debs, ignore_errors=True)  # an older download, of a base since removed
+        try:
+            downloaded.rename(debs)  # complete at once: a partial folder is never reused
+        except OSError:
+            if not debs.is_dir():  # else a concurrent build made the same folder first
+                raise
+    step.done(f"{base}, {_megabytes_of(image_size(client, base))}; {_count(debs)} build .debs")
+    return base, debs
 
 
-def _debootstrap_command(report: Progress) -> str:
-    """The debootstrap executable, installed with apt-get if missing (both need root)."""
+def _scratch_dir(cache: Path) -> Path:
+    """Where mmdebstrap unpacks the base: /dev/shm where it is a large enough tmpfs that allows
+    executables (mmdebstrap runs the tree's own dpkg), else the cache on disk."""
+    shm = Path("/dev/shm")
+    try:
+        stats = os.statvfs(shm)
+    except OSError:
+        return cache
+    roomy = stats.f_bavail * stats.f_frsize >= SCRATCH_MIN_FREE
+    if roomy and not stats.f_flag & os.ST_NOEXEC and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return cache
+
+
+def _mmdebstrap_command(progress: Progress) -> str:
+    """The mmdebstrap executable, installed with apt-get if missing (both need root)."""
     if os.geteuid() != 0:
         raise ConfigError(
-            "building the sandbox image without a registry runs debootstrap, which needs root: "
+            "building the sandbox image without a registry runs mmdebstrap, which needs root: "
             f"run as root, {_OFFLINE_HINT}"
         )
-    found = _which_debootstrap()
+    found = shutil.which("mmdebstrap")
     if found:
         return found
     if not shutil.which("apt-get"):
         raise ConfigError(
-            "debootstrap is not installed and there is no apt-get to install it: "
-            f"install debootstrap, {_OFFLINE_HINT}"
+            "mmdebstrap is not installed and there is no apt-get to install it: "
+            f"install mmdebstrap, {_OFFLINE_HINT}"
         )
-    report("installing debootstrap with apt-get")
+    step = _Step(progress, "mmdebstrap", "installing mmdebstrap with apt-get")
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in (["apt-get", "update"], ["apt-get", "install", "-y", "debootstrap"]):
+    for command in (
+        ["apt-get", "update"],
+        ["apt-get", "install", "-y", "--no-install-recommends", "mmdebstrap"],
+    ):
         _run(
-            step,
-            what=" ".join(step),
-            hint=f"install debootstrap by hand, {_OFFLINE_HINT}",
-            report=report,
+            command,
+            what=" ".join(command),
+            hint=f"install mmdebstrap by hand, {_OFFLINE_HINT}",
+            report=step.output,
             env=environment,
         )
-    installed = _which_debootstrap()
+    installed = shutil.which("mmdebstrap")
     if not installed:
-        raise ConfigError(f"apt-get installed debootstrap but it was not found: {_OFFLINE_HINT}")
+        raise ConfigError(f"apt-get installed mmdebstrap but it was not found: {_OFFLINE_HINT}")
+    step.done(installed)
     return installed
 
 
-def _which_debootstrap() -> str | None:
-    # It lives in /usr/sbin, which a root shell made with plain `su` lacks on PATH.
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    return shutil.which("debootstrap", path=search)
-
-
 def _apt_mirror() -> str | None:
-    """The host's Debian mirror from its apt sources; None lets debootstrap use its default.
+    """The host's Debian mirror from its apt sources; None lets mmdebstrap use its default.
 
     Prefers an entry for DEBIAN_SUITE, then any Debian archive (URI ending in /debian), so an
     Ubuntu host's mirror is never used for Debian.
@@ -500,7 +633,7 @@ def _run(
     *,
     what: str,
     hint: str,
-    report: Progress,
+    report: Lines,
     env: Mapping[str, str] | None = None,
 ) -> None:
     """Run a host command, streaming its output lines to report; failures become SandboxError."""
@@ -553,5 +686,18 @@ def _one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _discard(_line: str) -> None:
+def _count(folder: Path) -> int:
+    return sum(1 for _ in folder.iterdir())
+
+
+def _megabytes(path: Path) -> str:
+    files = [path] if path.is_file() else [item for item in path.rglob("*") if item.is_file()]
+    return _megabytes_of(sum(item.stat().st_size for item in files))
+
+
+def _megabytes_of(size: int) -> str:
+    return f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e6:.1f} MB"
+
+
+def _discard(_event: BuildEvent) -> None:
     """The progress callback when the caller gives none."""
