@@ -71,8 +71,9 @@ def test_offload_prints_each_admitted_text_in_order(
     fields = parse_notice(out[len("hello from a tool\n") :])
     assert fields is not None
     assert fields["tool"] == "list_prs"
-    assert fields["call_id"] == "list_prs.json"
+    assert fields["call_id"] == "list_prs"
     assert fields["reason"].startswith("per_call")
+    assert Path(fields["path"]).name == "list_prs.json"  # its own name, not list_prs.json.json
     assert Path(fields["path"]).read_bytes() == files["big"].read_bytes()
 
 
@@ -87,7 +88,7 @@ def test_offload_json_has_exactly_the_documented_keys(
         assert list(item) == JSON_KEYS
 
     data = files["big"].read_bytes()
-    assert big["call_id"] == "list_prs.json" and big["tool"] == "list_prs"
+    assert big["call_id"] == "list_prs" and big["tool"] == "list_prs"
     assert (big["offloaded"], big["reason"], big["tokens_exact"]) == (True, "per_call", False)
     assert big["tokens"] > 6_000
     assert big["bytes"] == len(data)
@@ -97,7 +98,7 @@ def test_offload_json_has_exactly_the_documented_keys(
     assert 0 < big["inline_tokens"] <= 400
 
     assert small == {
-        "call_id": "echo.txt",
+        "call_id": "echo",
         "tool": "echo",
         "offloaded": False,
         "reason": None,
@@ -263,3 +264,30 @@ def test_the_first_commands_run_as_the_help_shows_them(
     capsys.readouterr()
     assert main([*exec_[1:], "--home", str(docker_home)]) == 0
     assert capsys.readouterr().out.split() == ["n", str(len(PR_ROWS))]
+
+
+def test_a_file_keeps_its_name_and_a_task_offloaded_under_the_old_names_still_finds_it(
+    home: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spillbox import Harness, ToolResult
+
+    data = json.dumps(PR_ROWS)  # other bytes than the file's (the same would be one artifact)
+    with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
+        with harness.task("t1") as task:  # what `spillbox offload` stored before: call id = name
+            [old] = task.admit([ToolResult("list_prs.json", "list_prs", data)])
+    assert old.artifact is not None and old.artifact.path.endswith("/list_prs.json.json")
+    capsys.readouterr()
+    assert offload(home, "--json", str(files["big"])) == 0
+    new = json.loads(capsys.readouterr().out)
+    assert new["call_id"] == "list_prs" and new["path"].endswith("/list_prs.json")
+    with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
+        task = harness.existing("t1")
+        assert [(r.artifact_id, Path(r.path).name) for r in task.artifacts()] == [
+            ("list_prs.json", "list_prs.json.json"),
+            ("list_prs", "list_prs.json"),
+        ]
+        # The old artifact is still found by its id and path; the new one by its own.
+        assert task.artifact("list_prs.json").artifact_id == "list_prs.json"
+        assert task.artifact(old.artifact.path).artifact_id == "list_prs.json"
+        assert task.artifact("list_prs").artifact_id == "list_prs"
+        assert task.artifact(new["path"]).artifact_id == "list_prs"

@@ -76,7 +76,7 @@ def test_offload_with_retention_flags_stores_the_policy(sb: Cli, tmp_path: Path)
         "--max-bytes", "20M", "--max-artifacts", "50", "--on-quota", "refuse",
         "--export", "allow", "--redact", str(f1), str(f2),
     )  # fmt: skip
-    assert [(i["call_id"], i["offloaded"]) for i in items] == [("a.json", True), ("b.json", True)]
+    assert [(i["call_id"], i["offloaded"]) for i in items] == [("a", True), ("b", True)]
     [task] = sb.json("tasks")
     assert task["task"] == "t1" and task["artifacts"] == 2
     assert Retention(**task["retention"]) == Retention(
@@ -134,7 +134,7 @@ def test_every_command_speaks_json(sb: Cli, tmp_path: Path) -> None:
 
 
 def test_artifacts_are_named_by_id_or_call_id(sb: Cli, tmp_path: Path) -> None:
-    [item] = offload_json(sb, "--task", "t1", str(write_payload(tmp_path, "call.7")))
+    [item] = offload_json(sb, "--task", "t1", str(write_payload(tmp_path, "call.7.json")))
     [row] = sb.json("artifacts", "t1")
     assert row["call_id"] == "call.7"
     assert sb.json("pin", "t1", "call.7")["id"] == row["id"]

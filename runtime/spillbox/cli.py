@@ -48,7 +48,7 @@ from which it queries the result (SQL, jq, Python, sh) or reads it page by page.
 FIRST_STEPS = """\
 a first try, with a large JSON file (the sandbox needs Docker):
   spillbox offload --task demo prs.json
-  spillbox exec --task demo --lang sql 'SELECT count(*) AS n FROM "prs.json"'"""
+  spillbox exec --task demo --lang sql 'SELECT count(*) AS n FROM "prs"'"""
 
 
 def _version() -> str:
@@ -319,7 +319,9 @@ def _offload(args: argparse.Namespace) -> int:
             content = path.read_bytes()
         except OSError as e:
             raise ConfigError(f"cannot read {name}: {e.strerror}") from None
-        results.append(ToolResult(call_id=path.name, tool=args.tool or path.stem, content=content))
+        # The file keeps its name (big.json); its call id and table are the stem (big).
+        stem = path.stem or path.name
+        results.append(ToolResult(stem, args.tool or stem, content, file_name=path.name))
     with _harness(args) as harness, _task(args, harness) as task:
         admitted = task.admit(results)
     for item in admitted:

@@ -76,9 +76,6 @@ class Offload:
     tokens: TokenCount | None
     per_call: PerCallLimit
     """The per-call limit of the step, which a per_call notice names."""
-    file_name: str | None = None
-    """A script's output file: stored under its name's stem and extension; None: under the
-    call id, with the shape's extension."""
 
 
 OffloadFn = Callable[[Offload], tuple[Artifact, str, int]]

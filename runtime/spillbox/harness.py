@@ -397,14 +397,12 @@ class Task(_ClosedOnExit):
         """Store a file a script left in /sandbox/outputs as an artifact of the task, byte
         for byte (redacted first if the policy says so), under its own name where that is
         plain, held to the retention policy and its quota like any offload."""
-        result = ToolResult(call_id=name, tool=tool, content=data)
+        result = ToolResult(call_id=name, tool=tool, content=data, file_name=name)
         refusal = self._refusal(result)
         if refusal is not None:
             raise ConfigError(refusal.text.removeprefix("[spillbox] "))
         payload, text = result.payload()
-        request = Offload(
-            result, payload, text, "output", None, PerCallLimit.of(self.policy), file_name=name
-        )
+        request = Offload(result, payload, text, "output", None, PerCallLimit.of(self.policy))
         with self._lock:
             artifact, _, _ = self._offload(request)
         return artifact

@@ -173,20 +173,21 @@ def _record(
         deleted_at=None,
         deleted_by=None,
         kind=shape.kind,
-        origin="call" if request.file_name is None else "file",
+        origin="file" if request.reason == "output" else "call",
     )
     redacted = None if redaction is None else redaction.audit_detail()
     return dest.catalog.add_artifact(row, redacted=redacted)
 
 
 def _file_name(request: Offload, shape: Shape) -> tuple[str, str]:
-    """The stored file's stem and extension: an output file keeps its own where they are
-    plain (figure-1.png), else the call id's and the shape's."""
-    if request.file_name is None:
+    """The stored file's stem and extension: a result's file name keeps its own where they
+    are plain (figure-1.png, big.json), else the call id's and the shape's."""
+    name = request.result.file_name
+    if name is None:
         return safe_name(request.result.call_id), shape.extension
-    stem, dot, extension = request.file_name.rpartition(".")
+    stem, dot, extension = name.rpartition(".")
     if not (dot and stem and _EXTENSION.fullmatch(extension)):
-        stem, extension = request.file_name, shape.extension
+        stem, extension = name, shape.extension
     return safe_name(stem), extension.lower()
 
 

@@ -62,6 +62,10 @@ class ToolResult:
     offloadable: bool = True
     """False: the aggregate rule withholds the result instead of offloading it (a page
     read back from an artifact: already bounded, and offloading it would loop)."""
+    file_name: str | None = None
+    """The name its stored file keeps, stem and extension, where they are plain (a file
+    offloaded from the command line, a script's output file); None: the call id, with the
+    extension of the payload's shape."""
 
     def size(self) -> int:
         """How many bytes payload() stores, counted without encoding the content whole."""

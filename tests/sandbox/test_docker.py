@@ -211,10 +211,10 @@ def test_cli_exec_json_and_tasks(docker_home: Path) -> None:
         text=True,
         check=True,
     )
-    assert json.loads(offload.stdout)["path"] == "/sandbox/offload/prs.json.json"
+    assert json.loads(offload.stdout)["path"] == "/sandbox/offload/prs.json"  # its own name
     run = subprocess.run(
         [*cli, "exec", "--task", "cli", *base, "--lang", "sql", "--json", "-"],
-        input='SELECT count(*) AS n FROM "prs.json"',
+        input='SELECT count(*) AS n FROM "prs"',  # the table is the file's stem
         capture_output=True,
         text=True,
         check=True,
