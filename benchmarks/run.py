@@ -21,6 +21,7 @@ import common
 import gate_bench
 import mcp_bench
 import sandbox_bench
+import startup_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "BENCHMARKS.md"
@@ -34,6 +35,7 @@ def report(quick: bool) -> str:
     sandbox = sandbox_bench.run(quick)
     mcp = mcp_bench.run(quick)
     budget = budget_bench.run(quick)
+    startup = startup_bench.run(quick)
     load_start, load_end = machine["load average (1 / 5 / 15 min)"], common.load_average()
     cores = machine["cores"]
     kind = "a quick smoke run (smaller inputs, fewer repetitions)" if quick else "a full run"
@@ -60,7 +62,8 @@ def report(quick: bool) -> str:
             "python benchmarks/run.py          # the same, with spillbox installed",
             "python benchmarks/run.py --quick  # a smoke run: prints, leaves this file alone",
             "python benchmarks/gate_bench.py   # one bench alone (also sandbox_bench.py,",
-            "                                  # mcp_bench.py, budget_bench.py)",
+            "                                  # mcp_bench.py, budget_bench.py,",
+            "                                  # startup_bench.py)",
             "```",
             "",
             "## Gate: decide and store against a full count",
@@ -90,6 +93,13 @@ def report(quick: bool) -> str:
             "",
             budget_bench.markdown(budget),
             "",
+            "## Start-up: a fresh process",
+            "",
+            "The command line and `import spillbox` in a new interpreter each, against the "
+            "same interpreter doing nothing.",
+            "",
+            startup_bench.markdown(startup),
+            "",
             "## Targets",
             "",
             common.targets_markdown(
@@ -97,6 +107,7 @@ def report(quick: bool) -> str:
                 + sandbox_bench.targets(sandbox)
                 + mcp_bench.targets(mcp)
                 + budget_bench.targets(budget)
+                + startup_bench.targets(startup)
             ),
             "",
             f"Measured under a load average of {load_start} (start) and {load_end} (end) on "
