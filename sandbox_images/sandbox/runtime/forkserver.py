@@ -60,7 +60,9 @@ ENGINE_UID = 10002
 PR_SET_DUMPABLE = 4
 HELLO = b"H"
 """The server's first message on each connection, which carries its credentials."""
-HELLO_SECONDS = 5.0
+HELLO_SECONDS = 10.0
+"""How long a relay waits for the server's first message: a server just started sends it
+once its imports are done (seconds, on a loaded machine)."""
 ADDRESS = "\0spillbox-forkserver"
 """An abstract Unix socket: it lives in the container's own network namespace (no network:
 a namespace of its own), so no file of it can be deleted, swapped or reached from outside."""
@@ -70,7 +72,7 @@ EXIT_NOT_STARTED = 127
 """As a shell says of a command it could not run."""
 START_SECONDS = 60.0
 """How long a relay waits for the fork server the host starts."""
-RETELL_SECONDS = 1.0
+RETELL_SECONDS = 5.0
 """How often a relay that still finds no server asks the host again (the server started
 may have been killed by a deletion before it served)."""
 
