@@ -797,7 +797,9 @@ def test_deleting_an_artifact_never_follows_a_symlink_swapped_into_work(
                 task.admit([ToolResult(call_id="known", tool="t", content=known)])
         finally:
             task.exec("sh", "touch /sandbox/work/stop")
-        assert swapping.result().exit_code == 0
+        # A deletion kills every script before it walks (test_attacks_deletion.py): the
+        # swapper ends at the first one that finds it running, or runs out its loop.
+        assert swapping.result().exit_code in (0, 137)
     assert victim.exists(), "the host followed a symlink planted in work/ and deleted a host file"
     assert victim.read_text() == known
 

@@ -28,12 +28,22 @@ catches one that left its group with setsid. Whether the memory limit killed som
 read from the cgroup's oom_kill counter before and after.
 
 A script can kill the fork server (it runs as the same uid): the relay then reports that the
-runner ended (exit 137), and the next call starts a new server. What it cannot do is reach
-the relays (another uid) or the host.
+runner ended (exit 137), and the next call starts a new server. What it cannot do is take
+the server's place: a relay speaks only to a server of the script uid that Docker entered
+(its parent is 0, which no process in the sandbox can make), told by the credentials the
+kernel vouches for on the server's first message (SCM_CREDENTIALS: gVisor's SO_PEERCRED
+names the asking end), before it sends a script; otherwise it has the host start one, which first kills every other process
+of the uid. Nor can it reach into the server: the server (and every python child it forks,
+until it execs) is not dumpable, so no process of its uid can trace it or open its memory
+or descriptors in /proc. The server answers only relays (the engine uid), and waits for a
+deletion in progress (forget.py) before it serves. No script can reach the relays (another
+uid) or the host.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -44,6 +54,15 @@ import time
 
 import takeout
 
+SCRIPT_UID = 10001
+ENGINE_UID = 10002
+"""The relays' uid: the only clients the fork server answers."""
+PR_SET_DUMPABLE = 4
+HELLO = b"H"
+"""The server's first message on each connection, which carries its credentials."""
+HELLO_SECONDS = 10.0
+"""How long a relay waits for the server's first message: a server just started sends it
+once its imports are done (seconds, on a loaded machine)."""
 ADDRESS = "\0spillbox-forkserver"
 """An abstract Unix socket: it lives in the container's own network namespace (no network:
 a namespace of its own), so no file of it can be deleted, swapped or reached from outside."""
@@ -53,6 +72,9 @@ EXIT_NOT_STARTED = 127
 """As a shell says of a command it could not run."""
 START_SECONDS = 60.0
 """How long a relay waits for the fork server the host starts."""
+RETELL_SECONDS = 5.0
+"""How often a relay that still finds no server asks the host again (the server started
+may have been killed by a deletion before it served)."""
 
 
 # The relay
@@ -69,23 +91,68 @@ def relay() -> int:
 
 
 def _connect(out: object) -> socket.socket:
-    """A connection to the fork server; if none answers, say so (the host starts one) and
-    wait for it."""
-    told = False
+    """A connection to the fork server; if none answers (or one that is not the server
+    does), say so (the host starts one) and wait for it."""
+    told_at: float | None = None
     deadline = time.monotonic() + START_SECONDS
     while True:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             server.connect(ADDRESS)
-            return server
+            if authentic(server):
+                return server
         except OSError:
-            server.close()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no fork server within {START_SECONDS:.0f} s") from None
-            if not told:
-                _frame(out, b"N", b"")
-                told = True
-            time.sleep(0.005)
+            pass
+        server.close()
+        now = time.monotonic()
+        if now > deadline:
+            raise RuntimeError(f"no fork server within {START_SECONDS:.0f} s")
+        if told_at is None or now - told_at >= RETELL_SECONDS:
+            _frame(out, b"N", b"")
+            told_at = now
+        time.sleep(0.005)
+
+
+CREDENTIALS = struct.Struct("3i")
+"""struct ucred: pid, uid, gid."""
+
+
+def send_vouched(sock: socket.socket, data: bytes) -> None:
+    """Send data with this process's credentials, which the kernel checks (a process can
+    claim no pid or uid but its own)."""
+    mine = CREDENTIALS.pack(os.getpid(), os.getuid(), os.getgid())
+    sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, mine)])
+    sock.sendall(data[sent:])
+
+
+def receive_vouched(sock: socket.socket) -> tuple[bytes, int, int]:
+    """The next data from sock, and the sender's pid and uid (-1 if it sent none)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    data, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(CREDENTIALS.size))
+    # Off again: credentials on the next messages would crowd out the descriptors sent.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
+    for level, kind, body in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS):
+            pid, uid, _ = CREDENTIALS.unpack(body[: CREDENTIALS.size])
+            return data, pid, uid
+    return data, -1, -1
+
+
+def authentic(sock: socket.socket) -> bool:
+    """Whether the listener at the other end is a fork server the host started, by its
+    first message: of the script uid, and entered by Docker (parent 0; a script's
+    processes have a parent in the sandbox)."""
+    sock.settimeout(HELLO_SECONDS)  # one that never speaks is not the server
+    hello, pid, uid = receive_vouched(sock)
+    sock.settimeout(None)
+    if hello != HELLO or uid != SCRIPT_UID:
+        return False
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    return fields.get("PPid", "").strip() == "0"
 
 
 def _frame(out: object, kind: bytes, data: bytes) -> None:
@@ -97,7 +164,7 @@ def _relay_one(server: socket.socket, request: dict[str, object], out: object) -
     import selectors
 
     before = oom_count()
-    server.sendall((json.dumps(request) + "\n").encode())
+    send_vouched(server, (json.dumps(request) + "\n").encode())
     _, fds, _, _ = socket.recv_fds(server, 1, 2)
     _frame(out, b"S", b"")
     status: dict[str, object] = {"exit_code": 137}
@@ -152,24 +219,60 @@ def oom_count() -> str:
 def serve() -> None:
     import threading
 
+    # Not dumpable: no process of the script uid can trace this server or a spare, nor
+    # open their memory or descriptors in /proc.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     takeout.configure_matplotlib()
     # What scripts write (into /sandbox/outputs too) is for the group: the engine uid, which
     # takes the output files, reads and removes them.
     os.umask(0o007)
     import jq  # noqa: F401 (imported once, here: each python child starts with it)
 
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(ADDRESS)
-    except OSError:
-        return  # another server took the address first: it serves
-    listener.listen(64)
+    listener = _listen()
+    if listener is None:
+        return  # another server serves
     running = Running()
     os.chdir("/sandbox/work")
     _prepare()
     while True:
         client, _ = listener.accept()
         threading.Thread(target=_serve_one, args=(client, running), daemon=True).start()
+
+
+def _listen() -> socket.socket | None:
+    """The server's listener, once no deletion runs (forget.py holds its lock) and every
+    other process of the uid is gone (one posing as the server holds the address); None if
+    a server the host started already answers there."""
+    from forget import SCRIPTS_LOCK
+
+    lock = os.open(SCRIPTS_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with probe:
+            try:
+                probe.connect(ADDRESS)
+                if authentic(probe):
+                    return None
+            except OSError:
+                pass
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process of the uid but this one
+        except ProcessLookupError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for _ in range(200):  # the killed holder's socket closes as it is torn down
+            try:
+                listener.bind(ADDRESS)
+                break
+            except OSError:
+                time.sleep(0.005)
+        else:
+            return None
+        listener.listen(64)
+        return listener
+    finally:
+        os.close(lock)
 
 
 def _prepare() -> None:
@@ -248,7 +351,18 @@ class Running:
 
 def _serve_one(client: socket.socket, running: Running) -> None:
     with client:
-        line = client.makefile("rb").readline()
+        try:
+            send_vouched(client, HELLO)
+            line, _, uid = receive_vouched(client)
+            if uid != ENGINE_UID:
+                return  # a script, or a server starting that checks this one answers
+            while not line.endswith(b"\n"):
+                chunk = client.recv(1 << 16)
+                if not chunk:
+                    return
+                line += chunk
+        except OSError:
+            return  # gone before it asked
         request = json.loads(line)
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()

@@ -3,20 +3,27 @@ defines are there in the next, as in a notebook; duckdb, pyarrow and jq are impo
 
 One file, two roles (as sqlserver.py has):
 
-    python3 session.py run|reset TIMEOUT CODE   the relay: what the host execs for each call,
-                                                as the session uid. It takes the session's
-                                                lock (calls run one at a time, in the order
-                                                they came), starts the server when none
-                                                answers (reset: a new one in any case), hands
-                                                it its own stdout and stderr, and interrupts
-                                                the cell at TIMEOUT.
+    python3 session.py run|reset TIMEOUT        the relay: what the host execs for each call,
+                                                as the session uid, with one line on stdin,
+                                                {"code": ..., "nonce": ...} (not in argv,
+                                                which /proc shows every process). It takes
+                                                the session's lock (calls run one at a time,
+                                                in the order they came), starts the server
+                                                when none answers (reset: a new one in any
+                                                case), hands it its own stdout and stderr,
+                                                interrupts the cell at TIMEOUT, and ends its
+                                                stderr with the end line (END_MARK, the
+                                                host's nonce, the OOM and outputs flags).
     python3 session.py serve                    the server: runs each cell in one namespace.
 
 The session runs as its own uid (10003): a stateless script (uid 10001) can neither reach
 its socket nor signal it, and the sweeps of the script uid do not end it. What a cell starts
 in the background is killed when the cell ends: every process of the session uid but the
 server and the relays (the processes Docker entered, whose parent is 0, which no process
-inside can fake).
+inside can fake). A thread a cell leaves running is ended too (SystemExit raised in it); one
+that does not end within THREAD_GRACE ends the session: a thread would write into later
+cells' output and see their code. The relay is not dumpable (no cell can read its memory, so
+none learns the nonce that makes its end line its own).
 
 A timeout interrupts the cell as a notebook does (KeyboardInterrupt in the cell, and an
 interrupt of the session's DuckDB connection): the session and its names are kept. A cell
@@ -59,10 +66,12 @@ INTERRUPT_GRACE = 2.0
 """How long an interrupted cell may take to stop before its session is ended."""
 EXIT_INTERRUPTED = 124
 EXIT_ENDED = 137
-END_MARK = b"\x1espillbox:end\n"
-OOM_MARK = b"\x1espillbox:oom_killed\n"
-OUTPUTS_MARK = b"\x1espillbox:outputs\n"
-"""Before the OOM and end marks: the cell left files in /sandbox/outputs for the host."""
+END_MARK = b"\x1espillbox:end "
+"""The relay's last stderr line: this, the host's nonce, a space, {"oom_killed": bool,
+"outputs": bool} (the cell left files in /sandbox/outputs for the host)."""
+PR_SET_DUMPABLE = 4
+THREAD_GRACE = 1.0
+"""How long threads a cell left get to end after SystemExit is raised in them."""
 SWEEP_ROUNDS = 20
 LOST = (
     "spillbox: the Python session of this task had ended since its last call (a crash, the "
@@ -74,17 +83,19 @@ LOST = (
 # The relay
 
 
-def relay(mode: str, timeout: float, code: str) -> int:
+def relay(mode: str, timeout: float) -> int:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    request = json.loads(sys.stdin.buffer.readline())
     before = oom_count()
     try:
-        status = _relay(mode, timeout, code)
+        status = _relay(mode, timeout, str(request["code"]))
     finally:
         sys.stdout.flush()
-        if takeout.waiting():
-            os.write(2, OUTPUTS_MARK)
-        if oom_count() != before:
-            os.write(2, OOM_MARK)
-        os.write(2, END_MARK)
+        flags = {"oom_killed": oom_count() != before, "outputs": takeout.waiting()}
+        nonce = str(request["nonce"]).encode()
+        os.write(2, END_MARK + nonce + b" " + json.dumps(flags).encode() + b"\n")
     return status
 
 
@@ -173,6 +184,12 @@ def _call(sock: socket.socket, code: str, deadline: float, timeout: float) -> in
         )
         return EXIT_ENDED
     answer = json.loads(line)
+    if answer.get("left"):
+        _note(
+            f"spillbox: the cell left {answer['left']} thread(s) running that did not stop "
+            f"within {THREAD_GRACE:g} s (a thread would write into later cells' output): the "
+            "session was ended and its names are gone; join threads before a cell ends"
+        )
     if answer["interrupted"]:
         _note(
             f"spillbox: the cell was interrupted at its {timeout:g} s timeout; the session "
@@ -338,6 +355,8 @@ def serve() -> None:
             Cell.interrupted = False
             watcher = threading.Thread(target=_watch, args=(client, con), daemon=True)
             watcher.start()
+            ours = set(sys._current_frames())
+            left = 0
             try:
                 for fd, target in zip(outputs, (1, 2), strict=True):
                     os.dup2(fd, target)
@@ -345,6 +364,7 @@ def serve() -> None:
                 exit_code = _cell(code, namespace, partial(_load, loader, con, code))
                 exit_code = _figures() or exit_code
             finally:
+                left = _end_threads(ours)
                 for stream in (sys.stdout, sys.stderr):
                     try:
                         stream.flush()
@@ -355,10 +375,29 @@ def serve() -> None:
                 sweep({os.getpid()})
                 _reap()
             try:
-                answer = {"exit_code": exit_code, "interrupted": Cell.interrupted}
+                answer = {"exit_code": exit_code, "interrupted": Cell.interrupted, "left": left}
                 client.sendall((json.dumps(answer) + "\n").encode())
             except OSError:
                 pass  # the relay is gone (its host process ended): the cell's result is moot
+        if left:
+            os._exit(EXIT_ENDED)  # a thread outlives its cell: the session goes with it
+
+
+def _end_threads(ours: set[int]) -> int:
+    """End the threads running Python that a cell left (SystemExit, raised in each at its
+    next bytecode); how many are still there THREAD_GRACE later."""
+    import ctypes
+
+    left = set(sys._current_frames()) - ours
+    for ident in left:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(SystemExit)
+        )
+    deadline = time.monotonic() + THREAD_GRACE
+    while left and time.monotonic() < deadline:
+        time.sleep(0.005)
+        left &= set(sys._current_frames())
+    return len(left)
 
 
 def _load(loader: Any, con: Any, code: str) -> list[str]:
@@ -468,4 +507,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["serve"]:
         serve()
     else:
-        sys.exit(relay(sys.argv[1], float(sys.argv[2]), sys.argv[3]))
+        sys.exit(relay(sys.argv[1], float(sys.argv[2])))

@@ -72,11 +72,10 @@ PATH_READERS = {
 SAME_AS_TABLE_OPTIONS = {"maximum_object_size", "sample_size", "auto_detect"}
 """Options that do not change what those functions read (beyond letting it load)."""
 READING_STATEMENTS = {"SELECT", "EXPLAIN", "COPY", "PRAGMA", "CALL"}
-"""Statement kinds SQL may run (COPY writes only files, under /sandbox/work); the rest can
-only change the database and are refused."""
+"""Statement kinds SQL may run (COPY writes only files, under /sandbox/work: the only
+writable folder DuckDB is allowed, with no temporary directory); the rest can only change
+the database and are refused."""
 FETCH_ROWS = 2048
-SPILL_CAP = "1GiB"
-"""Most a query may spill to disk (DuckDB's temporary files, in /sandbox/cache)."""
 START_SECONDS = 60.0
 """How long a relay waits for an engine it started to answer."""
 CHECK_SECONDS = 5.0
@@ -177,14 +176,16 @@ def serve() -> None:
     # /sandbox/work (COPY ... TO) is for the scripts' group to read and delete.
     os.umask(0o007)
     con = duckdb.connect(DATABASE)
+    # No temporary directory: DuckDB may write any file under its own (COPY ... TO there
+    # too), and its default (<database>.tmp) is on the host's disk, past every cap. So a
+    # query past DuckDB's memory limit fails with its out-of-memory error instead of
+    # spilling, and what SQL writes goes only under /sandbox/work, a size-capped tmpfs.
+    con.execute("SET temp_directory=''")
     con.execute(f"SET allowed_directories=['{OFFLOAD}/', '{WORK}/']")
     con.execute("SET enable_external_access=false")
     con.execute("SET autoinstall_known_extensions=false")
     con.execute("SET autoload_known_extensions=false")
     con.execute(f"SET threads={max(os.cpu_count() or 1, 1)}")
-    # A query larger than memory spills to <database>.tmp, in the cache on the host's disk:
-    # capped, so a query cannot fill the disk (past the cap it fails with a clear error).
-    con.execute(f"SET max_temp_directory_size='{SPILL_CAP}'")
     con.execute("SET lock_configuration=true")
     con.execute(f"CREATE TABLE IF NOT EXISTS {LOADED} (name VARCHAR PRIMARY KEY, stamp VARCHAR)")
     loader = Loader()

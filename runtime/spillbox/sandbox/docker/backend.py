@@ -69,10 +69,20 @@ DEFAULT_WORK_SIZE = "256m"
 DEFAULT_OUTPUTS_SIZE = "64m"
 RUN_SIZE = "16m"
 """Cap of /sandbox/run, where the Python session keeps its socket, lock and log."""
+NO_IPC = {
+    "kernel.shmmni": "0",
+    "kernel.msgmni": "0",
+    "kernel.sem": "0 0 0 0",
+    "fs.mqueue.queues_max": "0",
+}
+"""The container's IPC limits: no System V shared memory, message queue or semaphore set,
+and no POSIX message queue (POSIX shared memory and semaphores are files in /dev/shm)."""
 DEFAULT_EXPIRY = timedelta(days=7)
 DEFAULT_MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 MAX_CODE_BYTES = 256 * 1024
 CREATE_ATTEMPTS = 5
+FORGET_ATTEMPTS = 5
+"""Runs of forget.py per uid before a deletion fails (each killed by another's start)."""
 REMOVAL_SECONDS = 30.0
 """How long a container that is being removed may take to go, before a new one replaces it."""
 STOP_SECONDS = 2
@@ -155,8 +165,15 @@ class DockerBackend(SandboxBackend):
         return f"spillbox-{home_digest}-{storage.name}"
 
     def create(self, storage: TaskStorage) -> None:
-        """Prepare the task's storage for the engine's uid (scripts write only to tmpfs)."""
+        """Prepare the task's storage: for the engine's uid (scripts write only to tmpfs),
+        and closed to the host's other users."""
         storage.ensure()
+        # No other user of the host reaches the payloads (a home under /tmp is everyone's):
+        # the task's folder is its owner's alone. The container needs no way through it (its
+        # mounts start below it), only into offload/, which the sandbox's group may read.
+        os.chmod(storage.root, 0o700)
+        os.chown(storage.offload, -1, SANDBOX_GID)
+        os.chmod(storage.offload, 0o750)
         os.chown(storage.cache, ENGINE_UID, SANDBOX_GID)
         os.chmod(storage.cache, 0o700)  # scripts can neither reach the engine nor its tables
 
@@ -232,31 +249,46 @@ class DockerBackend(SandboxBackend):
                 container.remove(force=True, v=True)
 
     def forget_derived(self, storage: TaskStorage, sha256: str, size: int, since: float) -> None:
-        """Stop every SQL engine of the task (any process's: they hold the tables open) and
-        its Python session (its names may hold the payload), delete what scripts may have
-        made of the payload in the container's /sandbox/work and /tmp (forget.py: copies of
-        its bytes, and everything changed since it was created), then the engine's tables;
-        the next query starts an engine that reloads what is left, the next session call a
-        new, empty session (told that its names are gone)."""
+        """Stop every SQL engine of the task (any process's: they hold the tables open),
+        then, as the script uid and as the session uid, every process of that uid (a
+        script, a cell, a fork server or session, one posing as them: any may hold the
+        payload's bytes in memory) and delete what they may have made of the payload in
+        every folder of the container they can write, and their IPC objects (forget.py:
+        copies of its bytes, and everything changed since it was created); then the
+        engine's tables. The next query starts an engine that reloads what is left, the
+        next script a fork server from the image, the next session call a new, empty
+        session (told that its names are gone)."""
         sandbox = self._held(storage.task_id)
         if sandbox is not None:
-            sandbox.drop_engine()
+            sandbox.forget()  # its engine and the relays into a fork server about to go
         with docker_errors("deleting what a payload left in its sandbox"):
             for container in self._containers({LABEL_TASK: storage.task_id}):
                 if container.status != "running":
                     continue  # a stopped container's tmpfs folders are gone with it
                 kill_engines(container)
                 try:
-                    container.exec_run(["kill", "-KILL", "-1"], user=SESSION_USER)
-                    container.exec_run(
-                        ["python3", FORGET_SCRIPT, f"{since:f}", sha256, str(size)],
-                        user=SCRIPT_USER,
-                    )
+                    for role, user in (("scripts", SCRIPT_USER), ("session", SESSION_USER)):
+                        self._forget_as(container, role, user, [f"{since:f}", sha256, str(size)])
                 except DOCKER_FAILURES as failure:
                     # Stopped since it was listed: nothing is left to delete.
                     if not stopped_under(failure, container, self.client):
                         raise
         storage.clear_cache()
+
+    def _forget_as(self, container: Any, role: str, user: str, args: list[str]) -> None:
+        """Run forget.py as one uid until it says it is done (a deletion of the same task
+        at once, or a fork server starting, may kill it: it then runs again)."""
+        for _ in range(FORGET_ATTEMPTS):
+            done = container.exec_run(["python3", FORGET_SCRIPT, role, *args], user=user)
+            if done.exit_code == 0:
+                return
+        said = done.output.decode("utf-8", "replace").strip().splitlines()
+        raise SandboxError(
+            f"deleting what the {role} of task {container.labels.get(LABEL_TASK)!r} kept of a "
+            f"payload did not finish ({said[-1] if said else f'exit {done.exit_code}'}): "
+            "delete it again, or close the task with delete=True",
+            retryable=True,
+        )
 
     def sweep(
         self, unused: Callable[[str], AbstractContextManager[bool]], dry_run: bool
@@ -383,6 +415,9 @@ class DockerBackend(SandboxBackend):
                 OUTPUTS_MOUNT: f"rw,noexec,nosuid,nodev,size={options.outputs_size},{outputs}",
                 RUN_MOUNT: f"rw,noexec,nosuid,nodev,size={RUN_SIZE},{run}",
             },
+            # System V IPC objects and POSIX message queues outlive every process that made
+            # them, in no folder a deletion can walk: none can be made. (gVisor ignores these.)
+            "sysctls": NO_IPC,
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             "ipc_mode": "private",
         }

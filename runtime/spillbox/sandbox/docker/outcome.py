@@ -69,6 +69,7 @@ already refuses to exec into it), it is NEVER_STARTED: it runs again in the rest
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, Flag, auto
@@ -83,12 +84,10 @@ EXIT_KILLED = 137
 """The exit code reported when a restart or a dead sandbox took the exec's own with it."""
 TIMEOUT_EXITS = (124, 137)
 """`timeout`'s own exit, and that of a process it (or the host) killed with SIGKILL."""
-END_MARKER = b"\x1espillbox:end\n"
-"""The session relay's last stderr line: a runner that ended by itself, in a live sandbox."""
-OOM_MARKER = b"\x1espillbox:oom_killed\n"
-"""The session relay's line before the end mark when the memory limit killed something."""
-OUTPUTS_MARKER = b"\x1espillbox:outputs\n"
-"""The session relay's line before those when the cell left files in /sandbox/outputs."""
+END_MARKER = b"\x1espillbox:end "
+"""How the session relay's last stderr line starts (a runner that ended by itself, in a live
+sandbox): then the call's nonce, a space, and {"oom_killed": bool, "outputs": bool} (the
+memory limit killed something; the cell left files in /sandbox/outputs)."""
 STOPPED_NOTE = (
     b"spillbox: the sandbox stopped while the script ran; the next exec restarts it, with "
     b"an empty /sandbox/work and a new, empty Python session (the payloads stay)\n"
@@ -125,7 +124,7 @@ class Observed:
     """Seconds from the exec's start to the end of its output."""
     timeout: float
     end_mark: bool
-    """The runner said the script ended (END_MARKER, or the fork server's END)."""
+    """The runner said the script ended (its end line, or the fork server's END)."""
     oom_mark: bool
     """The runner said the memory limit killed something while it ran."""
     died: State | None = None
@@ -149,13 +148,20 @@ class Deadlines:
         )
 
 
-def split_marks(stderr: bytes) -> tuple[bytes, bool, bool, bool]:
-    """stderr without the session relay's marks, whether it had the end mark, the OOM mark,
-    the outputs mark."""
-    stderr, ended = _strip(stderr, END_MARKER)
-    stderr, oom = _strip(stderr, OOM_MARKER)
-    stderr, outputs = _strip(stderr, OUTPUTS_MARKER)
-    return stderr, ended, oom, outputs
+def split_end(stderr: bytes, nonce: str) -> tuple[bytes, bool, bool, bool]:
+    """stderr without the session relay's end line, whether it ended with one carrying
+    this call's nonce (a cell, which never sees the nonce, cannot forge it), and that line's
+    OOM and outputs flags."""
+    body, _, last = stderr.rstrip(b"\n").rpartition(b"\n")
+    head = END_MARKER + nonce.encode() + b" "
+    if not stderr.endswith(b"\n") or not last.startswith(head):
+        return stderr, False, False, False
+    try:
+        flags = json.loads(last[len(head) :])
+    except ValueError:
+        return stderr, False, False, False
+    body = body + b"\n" if body else b""
+    return body, True, flags.get("oom_killed") is True, flags.get("outputs") is True
 
 
 def classify(
@@ -184,10 +190,3 @@ def classify(
         if not oom and memory_ran_out(after):
             oom = Outcome.OUT_OF_MEMORY
     return (outcome | oom) or Outcome.ENDED
-
-
-def _strip(data: bytes, marker: bytes) -> tuple[bytes, bool]:
-    """`data` without `marker` at its end, and whether it was there."""
-    if data.endswith(marker):
-        return data[: -len(marker)], True
-    return data, False

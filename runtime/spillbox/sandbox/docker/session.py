@@ -8,6 +8,8 @@ can end, and what the host then does, is outcome.py's table.
 
 from __future__ import annotations
 
+import json
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +38,7 @@ from spillbox.sandbox.docker.outcome import (
     Observed,
     Outcome,
     classify,
-    split_marks,
+    split_end,
 )
 from spillbox.sandbox.docker.runner import END, STARTED, STDOUT, Runner
 from spillbox.sandbox.docker.state import (
@@ -244,10 +246,11 @@ class TaskSandbox:
         ends with the end mark, so the cell is read and classified as a script is."""
         # -S: the relay needs no site-packages, and starts faster without them.
         command = ["python3", "-S", SESSION_SCRIPT, "run" if session == "keep" else "reset"]
+        command.append(f"{timeout:g}")
         # A container restarted in place keeps its id: its start time tells the two apart.
         started = f"{container.id}@{container.attrs.get('State', {}).get('StartedAt')}"
         before, self._session_in = self._session_in, started
-        output = self._read(container, [*command, f"{timeout:g}", code], timeout)
+        output = self._read(container, command, code, timeout)
         ran = self._finish(container, output, timeout)
         if isinstance(ran, RawExec) and session == "keep" and before not in (None, started):
             ran = replace(ran, stderr=SESSION_RESTARTED_NOTE + ran.stderr)
@@ -401,24 +404,27 @@ class TaskSandbox:
         with self._lock:
             self._runners.append(runner)
 
-    def _read(self, container: Any, command: list[str], timeout: float) -> _Output:
-        """Start a session cell's relay and read its output until it ends, the sandbox dies,
-        or the host gives up (Deadlines: at kill_at the host kills every process of the
-        session uid)."""
+    def _read(self, container: Any, command: list[str], code: str, timeout: float) -> _Output:
+        """Start a session cell's relay, hand it the cell (on stdin: an exec's command line
+        is in /proc for every process to read) and a nonce for its end line, and read its
+        output until it ends, the sandbox dies, or the host gives up (Deadlines: at kill_at
+        the host kills every process of the session uid)."""
         stream = ExecStream(
             self.client.api,
             container.id,
             command,
             user=SESSION_USER,
-            stdin=False,
+            stdin=True,
             home=WORK_MOUNT,
         )
+        nonce = secrets.token_hex(16)
         started, since = time.monotonic(), time.time()
         deadlines = Deadlines.behind(timeout, started)
         stdout = CappedBuffer(self._max_output_bytes)
         stderr = CappedBuffer(STDERR_CAP_BYTES)
         closed, died = Closed.OUTPUT_ENDED, None
         try:
+            stream.send((json.dumps({"code": code, "nonce": nonce}) + "\n").encode())
             for kind, data in watched_frames(
                 stream,
                 container,
@@ -435,7 +441,7 @@ class TaskSandbox:
             raise ExecError(f"lost the connection to the script: {e}; run it again") from e
         finally:
             stream.close()
-        text, end_mark, oom_mark, outputs = split_marks(stderr.value())
+        text, end_mark, oom_mark, outputs = split_end(stderr.value(), nonce)
         return _Output(
             started=True,
             exit_code=self._exit_code(stream.exec_id) if closed is Closed.OUTPUT_ENDED else 0,
