@@ -5,8 +5,10 @@ with spillbox's tools alone (`spillbox mcp serve`).
     proxy = Proxy(task, None, group, url="http://127.0.0.1:3001/mcp")   # streamable HTTP
     await proxy.server.run(read, write, proxy.options())
 
-Everything but tools/call passes through to the upstream as it came (initialize and its
-capabilities, resources, prompts, completions, logging, list_changed notifications,
+The upstream is started with the proxy; the client's first request connects it, in
+whichever era each side speaks (2025-11-25's initialize, 2026-07-28's server/discover and
+per-request _meta). Everything but tools/call passes through to the upstream as it came
+(the handshake's capabilities, resources, prompts, completions, logging, list_changed notifications,
 progress, cancellation, and the upstream's sampling, elicitation and roots requests).
 tools/call results pass the gate, the calls that overlap in time as one step
 (spillbox.mcp.step); spillbox's tools join the upstream's list, prefixed on a collision.
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -31,7 +34,16 @@ from mcp.server.models import InitializationOptions
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    SERVER_INFO_META_KEY,
+)
+from mcp_types.version import (
+    HANDSHAKE_PROTOCOL_VERSIONS,
+    LATEST_HANDSHAKE_VERSION,
+    MODERN_PROTOCOL_VERSIONS,
+)
 from pydantic import BaseModel, ValidationError
 
 from spillbox.mcp.links import artifact_uri, parse_uri, resource, resource_link
@@ -42,6 +54,7 @@ from spillbox.mcp.transport import stdio
 from spillbox.mcp.upstream import (
     DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     UPSTREAM_GONE,
+    UPSTREAM_START_SECONDS,
     UPSTREAM_TIMEOUT,
     Client,
     Upstream,
@@ -54,9 +67,6 @@ ADMIT_IN_LOOP_CHARS = 4096
 """A step's results of up to this many characters in all are gated on the event loop
 (well under a millisecond); larger ones in a worker thread, so that counting and storing
 them does not hold up other calls' messages. A thread hop costs about half a millisecond."""
-
-UPSTREAM_START_SECONDS = 120.0
-"""How long the upstream may take to start and answer initialize (npx may download it)."""
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -83,12 +93,13 @@ class Proxy:
         bound: float = STEP_BOUND_SECONDS,
         timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
         url: str | None = None,
+        start_timeout: float = UPSTREAM_START_SECONDS,
     ) -> None:
         self.task = task
         self.group = group
         self.client = Client()
         self.upstream = (
-            Upstream(command or None, self.client, self._from_upstream, timeout, url)
+            Upstream(command or None, self.client, self._from_upstream, timeout, url, start_timeout)
             if command or url
             else None
         )
@@ -97,6 +108,10 @@ class Proxy:
         self.steps = Steps(self._admit, bound)
         self._admitting = anyio.Lock()
         self._calls = itertools.count(1)
+        self._spoken = False
+        """Whether the client has sent a request besides server/discover."""
+        self._listed = False
+        """Whether the upstream's tools have been fetched once it connected."""
         self.server = self._server()
 
     def options(self) -> InitializationOptions:
@@ -131,11 +146,13 @@ class Proxy:
         """Tell the client when the upstream exits; spillbox's tools keep working."""
         if self.upstream is None:
             return
-        await self.upstream.exited.wait()
-        gone = await self.upstream.settled()
+        await self.upstream.finished.wait()
+        self.upstream_tools = {}
+        if self.upstream.failure is not None:
+            return  # it never served; the client's first request is told why
+        gone = self.upstream.why(await self.upstream.settled())
         message = f"{gone}; spillbox's tools ({', '.join(self.local.names)}) still work"
         print(f"spillbox: {message}", file=sys.stderr)
-        self.upstream_tools = {}
         await self._to_client(
             types.LoggingMessageNotification(
                 params=types.LoggingMessageNotificationParams(
@@ -146,45 +163,84 @@ class Proxy:
         await self._to_client(types.ToolListChangedNotification())
 
     async def _handshake(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
-        """initialize: start the upstream with the client's capabilities and answer with its
-        own; notifications/initialized: the client may now get relayed requests."""
+        """Connect the upstream (already started) with the capabilities of the client's
+        first request, in either era: initialize's, or a 2026-07-28 request's _meta; answer
+        initialize and server/discover with the upstream's own. A failure to connect fails
+        initialize, or the first request after server/discover, with the reason."""
         if ctx.method == "notifications/initialized":
             result = await call_next(ctx)
             self.client.ready.set()
             return result
-        if ctx.method != "initialize":
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and ctx.request_id is not None
+        if ctx.method == "initialize":
+            self.client.session = ctx.session
+            try:
+                init = types.InitializeRequestParams.model_validate(ctx.params or {}, by_name=False)
+            except ValidationError:
+                return await call_next(ctx)  # the SDK answers with the error
+            offer: tuple[types.ClientCapabilities, types.Implementation | None] = (
+                init.capabilities,
+                init.client_info,
+            )
+        elif modern:
+            offer = _modern_offer(ctx.params)
+        else:
             return await call_next(ctx)
-        self.client.session = ctx.session
         if self.upstream is None:
             return await call_next(ctx)
+        discover = ctx.method == "server/discover"
+        first = not self._spoken and not discover
+        self._spoken = self._spoken or not discover
         try:
-            params = types.InitializeRequestParams.model_validate(ctx.params or {}, by_name=False)
-        except ValidationError:
-            return await call_next(ctx)  # the SDK answers with the error
-        try:
-            with anyio.fail_after(UPSTREAM_START_SECONDS):
-                upstream = await self.upstream.start(self.group, params)
-        except Exception as e:  # noqa: BLE001 - any failure to start: serve spillbox's tools
-            print(f"spillbox: {self.upstream.gone} at start ({e!r})", file=sys.stderr)
-            self.upstream.exited.set()
+            await self.upstream.connect(*offer)
+        except MCPError:
+            # server/discover is answered (spillbox's own): the SDK client, refused, would
+            # try initialize on the same connection and show its refusal instead of why.
+            if first or ctx.method == "initialize":
+                raise
             return await call_next(ctx)
-        await self._refresh_tools()
-        requested = params.protocol_version
-        # Task-augmented calls (tasks/*) are not passed through: they would skip the gate.
-        capabilities = upstream.capabilities.model_copy(
+        if not self._listed:
+            self._listed = True
+            await self._refresh_tools()
+        if ctx.method == "initialize":
+            requested = init.protocol_version
+            return types.InitializeResult(
+                protocol_version=requested
+                if requested in HANDSHAKE_PROTOCOL_VERSIONS
+                else LATEST_HANDSHAKE_VERSION,
+                capabilities=self._capabilities(modern=False),
+                server_info=self.upstream.server_info
+                or types.Implementation(name="spillbox", version=""),
+                instructions=self.upstream.instructions,
+            )
+        if ctx.method == "server/discover":
+            info = self.upstream.server_info
+            meta = (
+                {SERVER_INFO_META_KEY: info.model_dump(by_alias=True, mode="json")}
+                if info
+                else None
+            )
+            return types.DiscoverResult(
+                supported_versions=list(MODERN_PROTOCOL_VERSIONS),
+                capabilities=self._capabilities(modern=True),
+                instructions=self.upstream.instructions,
+                _meta=meta,
+            )
+        return await call_next(ctx)
+
+    def _capabilities(self, *, modern: bool) -> types.ServerCapabilities:
+        """The upstream's capabilities, with spillbox's tools and resources. Task-augmented
+        calls (tasks/*) are not passed through: they would skip the gate. A 2026-07-28
+        client gets no listChanged: its list changes come on subscriptions/listen, which
+        the proxy does not serve."""
+        assert self.upstream is not None and self.upstream.capabilities is not None
+        upstream = self.upstream.capabilities
+        return upstream.model_copy(
             update={
-                "tools": types.ToolsCapability(list_changed=True),
+                "tools": types.ToolsCapability(list_changed=None if modern else True),
                 "tasks": None,
-                "resources": upstream.capabilities.resources or types.ResourcesCapability(),
+                "resources": upstream.resources or types.ResourcesCapability(),
             }
-        )
-        return types.InitializeResult(
-            protocol_version=requested
-            if requested in HANDSHAKE_PROTOCOL_VERSIONS
-            else LATEST_HANDSHAKE_VERSION,
-            capabilities=capabilities,
-            server_info=upstream.server_info,
-            instructions=upstream.instructions,
         )
 
     async def _list_tools(
@@ -281,8 +337,8 @@ class Proxy:
     def _upstream_has_resources(self) -> bool:
         if self.upstream is None or self.upstream.exited.is_set():
             return False
-        started = self.upstream.session.initialize_result if self.upstream.session else None
-        return started is not None and started.capabilities.resources is not None
+        capabilities = self.upstream.capabilities
+        return capabilities is not None and capabilities.resources is not None
 
     async def _upstream_call(
         self, ctx: Ctx, params: types.CallToolRequestParams
@@ -297,7 +353,7 @@ class Proxy:
             if e.code == UPSTREAM_TIMEOUT:
                 text = f"{e.message} ({params.name}); the server may answer other calls"
             elif e.code == UPSTREAM_GONE:
-                text = f"{e.message} during this call; spillbox's tools still work"
+                text = f"{e.message}; spillbox's tools still work"
             else:
                 raise
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
@@ -325,6 +381,8 @@ class Proxy:
         (The upstream's pings are answered by the proxy's client session: the SDK gives
         that no hook.)"""
         assert self.upstream is not None
+        if self.upstream.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return types.EmptyResult()  # 2026-07-28 has no ping
         try:
             return await self.upstream.request(types.PingRequest(), types.EmptyResult)
         except MCPError as e:
@@ -346,6 +404,26 @@ class Proxy:
             await self.client.session.send_notification(notification)
 
 
+def _modern_offer(
+    params: Mapping[str, Any] | None,
+) -> tuple[types.ClientCapabilities, types.Implementation | None]:
+    """What a 2026-07-28 request's _meta declares, for the upstream: its capabilities but
+    sampling, elicitation and roots, since the proxy cannot send a 2026-07-28 client
+    requests to relay them."""
+    meta = (params or {}).get("_meta") or {}
+    try:
+        declared = types.ClientCapabilities.model_validate(
+            meta.get(CLIENT_CAPABILITIES_META_KEY) or {}, by_name=False
+        )
+        info = meta.get(CLIENT_INFO_META_KEY)
+        client_info = types.Implementation.model_validate(info, by_name=False) if info else None
+    except ValidationError:
+        declared, client_info = types.ClientCapabilities(), None  # the SDK refuses the request
+    relayed = {"sampling": None, "elicitation": None, "roots": None}
+    capabilities = declared.model_copy(update=relayed)
+    return capabilities, client_info
+
+
 def _progress(ctx: Ctx) -> ProgressFnT | None:
     """Progress for an upstream request, routed back under the client's own token."""
     if progress_token_from_params(ctx.params) is None:
@@ -364,10 +442,14 @@ async def connection(
     bound: float = STEP_BOUND_SECONDS,
     upstream_timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     url: str | None = None,
+    start_timeout: float = UPSTREAM_START_SECONDS,
 ) -> AsyncIterator[Proxy]:
-    """One client connection's proxy; on exit its upstream is stopped."""
+    """One client connection's proxy, its upstream started at once; on exit the upstream
+    is stopped."""
     async with anyio.create_task_group() as group:
-        proxy = Proxy(task, command, group, bound, upstream_timeout, url)
+        proxy = Proxy(task, command, group, bound, upstream_timeout, url, start_timeout)
+        if proxy.upstream is not None:
+            group.start_soon(proxy.upstream.run)
         group.start_soon(proxy.watch)
         yield proxy
         group.cancel_scope.cancel()
@@ -376,6 +458,20 @@ async def connection(
 async def serve_stdio(
     connect: Callable[[TaskHandle], AbstractAsyncContextManager[Proxy]], task: TaskHandle
 ) -> None:
-    """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
-    async with connect(task) as proxy, stdio() as (read, write):
+    """Serve one client on stdin/stdout until it disconnects or SIGTERM or SIGHUP comes;
+    then stop the upstream (and return, so that the caller closes the task at once)."""
+    async with (
+        connect(task) as proxy,
+        stdio() as (read, write),
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(_end_on_signal, group.cancel_scope)
         await proxy.server.run(read, write, proxy.options())
+        group.cancel_scope.cancel()
+
+
+async def _end_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
