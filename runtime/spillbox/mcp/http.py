@@ -272,9 +272,9 @@ class Sessions:
             else ""
         )
         full = _error(
-            f"Service Unavailable: {self.max_sessions} MCP sessions and tasks are open, the "
-            "most this server takes (--max-sessions); end one (HTTP DELETE, as the SDK "
-            f"clients do on close){idle}",
+            f"Service Unavailable: {self.max_sessions} MCP sessions are open (a 2026-07-28 "
+            "client's task counts as one), the most this server takes (--max-sessions); end "
+            f"one (HTTP DELETE, as the SDK clients do on close){idle}",
             503,
             types.INTERNAL_ERROR,
         )

@@ -37,6 +37,7 @@ from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from mcp_types import SERVER_INFO_META_KEY
 from pydantic import BaseModel
 
 from spillbox.mcp.transport import upstream_stdio
@@ -208,9 +209,10 @@ class Upstream:
                     await report(progress, total, message)
 
             try:
-                return await self.session.send_request(
+                result = await self.session.send_request(
                     request, result_type, progress_callback=on_progress
                 )
+                return _unstamped(result)
             except MCPError as e:
                 if e.code == types.CONNECTION_CLOSED:
                     gone = f"{await self.settled()} during this call"
@@ -333,6 +335,17 @@ class Upstream:
     async def _message(self, message: IncomingMessage) -> None:
         if not isinstance(message, Exception):
             await self.on_notification(message)
+
+
+def _unstamped(result: ResultT) -> ResultT:
+    """result without the serverInfo stamp a 2026-07-28 server puts in every result's
+    _meta: it belongs to that hop (the proxy stamps its own where its client is of that
+    era), and it is not part of what the tool answered, which the gate counts and stores."""
+    meta = getattr(result, "meta", None)
+    if not isinstance(meta, dict) or SERVER_INFO_META_KEY not in meta:
+        return result
+    rest = {key: value for key, value in meta.items() if key != SERVER_INFO_META_KEY}
+    return result.model_copy(update={"meta": rest or None})
 
 
 def one_line(error: BaseException) -> str:
