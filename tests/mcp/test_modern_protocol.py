@@ -4,6 +4,7 @@ failures a new user meets first, and how a proxy's ending closes its task."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from mcp_client import (
     BIN,
     git_server,
     listening,
+    npm_server,
     processes_with,
     proxy_params,
     proxy_pid,
@@ -165,3 +167,22 @@ async def test_a_2026_client_over_http_is_served_a_task_it_names(
     assert not read.is_error, text_of(read)
     with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
         assert any(task.startswith("mcp-") for task in harness.tasks())
+
+
+async def test_an_image_repeated_in_structured_content_passes_untouched(
+    npm_servers: Path, home: Path, tmp_path: Path
+) -> None:
+    """server-filesystem's read_media_file puts the image's base64 in structuredContent as
+    well: a 9 KB PNG still comes back as the server sent it, not offloaded."""
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "chart.png").write_bytes(os.urandom(9000))
+    server = npm_server(npm_servers, "mcp-server-filesystem", str(root))
+    async with Client(proxy_params(home, server), mode="auto") as client:
+        result = await client.call_tool("read_media_file", {"path": str(root / "chart.png")})
+        stored = await client.call_tool("list_artifacts", {})
+    [image] = [b for b in result.content if isinstance(b, types.ImageContent)]
+    assert len(base64.b64decode(image.data)) == 9000
+    assert parse_notice(text_of(result)) is None
+    assert image.data in json.dumps(result.structured_content)
+    assert json.loads(text_of(stored)) == []
