@@ -8,9 +8,11 @@ import base64
 import json
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -19,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_client import (
     BIN,
+    INITIALIZE,
     git_server,
     listening,
     npm_server,
@@ -28,6 +31,7 @@ from mcp_client import (
     text_of,
     toy_server,
 )
+from test_inspector import inspector
 
 from mcp import Client
 from spillbox import Harness, parse_notice
@@ -186,3 +190,67 @@ async def test_an_image_repeated_in_structured_content_passes_untouched(
     assert parse_notice(text_of(result)) is None
     assert image.data in json.dumps(result.structured_content)
     assert json.loads(text_of(stored)) == []
+
+
+def raw_exchange(params: StdioServerParameters, messages: list[dict[str, object]]) -> list[Any]:
+    """Each message written to the proxy's stdin, and the answer of each request read."""
+    with subprocess.Popen(
+        [params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proxy:
+        assert proxy.stdin is not None and proxy.stdout is not None
+        replies = []
+        for message in messages:
+            proxy.stdin.write(json.dumps(message) + "\n")
+            proxy.stdin.flush()
+            if "id" in message:
+                replies.append(json.loads(proxy.stdout.readline()))
+        proxy.stdin.close()
+        assert proxy.wait(timeout=30) == 0
+    return replies
+
+
+def test_a_small_result_reaches_the_client_exactly_as_the_server_sent_it(home: Path) -> None:
+    sent = {"content": [{"type": "text", "text": "small"}]}  # no isError, no structuredContent
+    call = {"name": "result", "arguments": {"result": sent}}
+    replies = raw_exchange(
+        proxy_params(home, toy_server()),
+        [
+            INITIALIZE,
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call},
+        ],
+    )
+    assert replies[1] == {"jsonrpc": "2.0", "id": 2, "result": sent}
+
+
+def test_the_inspector_cli_runs_a_server_command_with_options_through_the_proxy(
+    npm_servers: Path, git_repo: Path, home: Path
+) -> None:
+    """The Inspector drops the -- it is given, so spillbox gets the server's options
+    (-m, --repository) right after its own."""
+    proxy = [str(BIN / "spillbox"), "mcp", "proxy", "--home", str(home), "--sandbox", "none"]
+    server = [sys.executable, "-m", "mcp_server_git", "--repository", str(git_repo)]
+    listed = inspector(npm_servers, [*proxy, "--", *server], "--method", "tools/list")
+    assert {"git_log", "read_artifact"} <= {tool["name"] for tool in listed["tools"]}
+
+
+def test_malformed_arguments_get_an_error_that_names_the_field(home: Path) -> None:
+    calls = [{"name": "echo", "arguments": "not an object"}, {"arguments": {}}]
+    replies = raw_exchange(
+        proxy_params(home, toy_server()),
+        [
+            INITIALIZE,
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            *(
+                {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params}
+                for n, params in enumerate(calls, 2)
+            ),
+        ],
+    )
+    errors = [reply["error"] for reply in replies[1:]]
+    assert [e["code"] for e in errors] == [-32602, -32602]
+    assert [[f["field"] for f in e["data"]] for e in errors] == [
+        ["params.arguments"],
+        ["params.name"],
+    ]
+    assert "params.arguments" in errors[0]["message"]

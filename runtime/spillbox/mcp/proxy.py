@@ -39,6 +39,7 @@ from mcp_types import (
     CLIENT_INFO_META_KEY,
     SERVER_INFO_META_KEY,
 )
+from mcp_types.methods import SPEC_CLIENT_METHODS, validate_client_request
 from mcp_types.version import (
     HANDSHAKE_PROTOCOL_VERSIONS,
     LATEST_HANDSHAKE_VERSION,
@@ -118,10 +119,10 @@ class Proxy:
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
 
     def _server(self) -> Server[Any]:
-        server: Server[Any] = Server(
-            "spillbox", on_list_tools=self._list_tools, on_call_tool=self._call_tool
-        )
-        server.middleware.append(self._handshake)
+        server: Server[Any] = Server("spillbox", on_list_tools=self._list_tools)
+        # Registered as a request handler, whose result may be the wire's own dict.
+        server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
+        server.middleware += [_named_invalid_params, self._handshake]
         # Offloaded payloads are resources (spillbox.mcp.links), whatever the upstream.
         server.add_request_handler(
             "resources/list", types.PaginatedRequestParams, self._list_resources
@@ -264,7 +265,7 @@ class Proxy:
                 if e.code == UPSTREAM_GONE:
                     return
                 raise
-            tools.update((tool.name, tool) for tool in page.tools)
+            tools.update((tool.name, tool) for tool in page.tools if _callable(tool))
             cursor = page.next_cursor
             if not cursor:
                 break
@@ -274,24 +275,34 @@ class Proxy:
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         name = params.name
         call_id = f"{name}_{next(self._calls)}"
         original = types.CallToolResult(content=[])
+        from_server = False
+        """Whether original is the server's own (parsed from the wire), not spillbox's."""
 
         async def run() -> ToolResult:
-            nonlocal original
+            nonlocal original, from_server
             if name in self.local.names:
                 output = await self.local.call(name, params.arguments)
                 original = as_call_result(output)
                 return gate_view(call_id, name, output)
-            original = await self._upstream_call(ctx, params)
+            original, from_server = await self._upstream_call(ctx, params)
             return tool_result(call_id, name, original)
 
         admitted = await self.steps.run(run)
         tool = self.upstream_tools.get(name) if name not in self.local.names else None
         link = resource_link(self.task.id, admitted.artifact) if admitted.artifact else None
-        return gated(original, admitted, tool.output_schema if tool is not None else None, link)
+        shown = gated(original, admitted, tool.output_schema if tool is not None else None, link)
+        if shown is not original or not from_server:
+            return shown
+        # Exactly as the server sent it: a dump of the model would add its defaults
+        # ("isError": false). A 2026-07-28 client's result names its resultType.
+        sent = original.model_dump(by_alias=True, mode="json", exclude_unset=True)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            sent.setdefault("resultType", "complete")
+        return sent
 
     async def _list_resources(
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
@@ -342,13 +353,15 @@ class Proxy:
 
     async def _upstream_call(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> tuple[types.CallToolResult, bool]:
+        """The server's result and True; or spillbox's error result for a call the server
+        did not answer, and False."""
         if self.upstream is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}")
         try:
-            return await self.upstream.request(
-                types.CallToolRequest(params=params), types.CallToolResult, _progress(ctx)
-            )
+            request = types.CallToolRequest(params=params)
+            result = await self.upstream.request(request, types.CallToolResult, _progress(ctx))
+            return result, True
         except MCPError as e:
             if e.code == UPSTREAM_TIMEOUT:
                 text = f"{e.message} ({params.name}); the server may answer other calls"
@@ -356,7 +369,9 @@ class Proxy:
                 text = f"{e.message}; spillbox's tools still work"
             else:
                 raise
-            return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+            return types.CallToolResult(
+                content=[types.TextContent(text=text)], is_error=True
+            ), False
 
     async def _admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
         # One step at a time: a small step gated on the loop never waits there for the
@@ -402,6 +417,31 @@ class Proxy:
     async def _to_client(self, notification: types.ServerNotification) -> None:
         if self.client.session is not None:
             await self.client.session.send_notification(notification)
+
+
+async def _named_invalid_params(ctx: Ctx, call_next: CallNext) -> HandlerResult:
+    """Validate a request's params as the SDK will, but answer malformed ones with an
+    error that names each field and what is wrong with it (the SDK's data is "")."""
+    if ctx.request_id is not None and ctx.method in SPEC_CLIENT_METHODS:
+        try:
+            validate_client_request(ctx.method, ctx.protocol_version, ctx.params)
+        except ValidationError as e:
+            fields = [
+                {"field": ".".join(str(part) for part in error["loc"]), "error": error["msg"]}
+                for error in e.errors(include_url=False, include_input=False)
+            ]
+            first = fields[0] if fields else {"field": "params", "error": "invalid"}
+            message = f"Invalid params: {first['field']}: {first['error']}"
+            raise MCPError(types.INVALID_PARAMS, message, data=fields) from None
+        except KeyError:
+            pass  # not a method of this version: the SDK answers it
+    return await call_next(ctx)
+
+
+def _callable(tool: types.Tool) -> bool:
+    """Whether the proxy can serve a call of tool: not one that must run as a task, which
+    the proxy does not offer (a task's result would pass by the gate)."""
+    return tool.execution is None or tool.execution.task_support != "required"
 
 
 def _modern_offer(

@@ -229,7 +229,10 @@ def _rebuilt(
         if shown is None:
             return None
         structured = shown.get(STRUCTURED)
-        if STRUCTURED in shown and _media(result):
+        media = _media(result)
+        if STRUCTURED in shown and _without(result.structured_content, media) != (
+            result.structured_content
+        ):
             return None  # it was counted without the media's base64: it cannot be read back
         if STRUCTURED not in shown and result.structured_content is not None:
             # Left out of what was counted as a repeat of the text: it repeats the redacted text.

@@ -345,7 +345,10 @@ def _unstamped(result: ResultT) -> ResultT:
     if not isinstance(meta, dict) or SERVER_INFO_META_KEY not in meta:
         return result
     rest = {key: value for key, value in meta.items() if key != SERVER_INFO_META_KEY}
-    return result.model_copy(update={"meta": rest or None})
+    unstamped = result.model_copy(update={"meta": rest or None})
+    if not rest:  # as if the server had sent no _meta: a dump of what it set leaves it out
+        unstamped.model_fields_set.discard("meta")
+    return unstamped
 
 
 def one_line(error: BaseException) -> str:
