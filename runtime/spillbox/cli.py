@@ -559,9 +559,10 @@ def _mcp(args: argparse.Namespace) -> int:
         session_timeout = args.session_timeout or mcp.DEFAULT_SESSION_TIMEOUT_SECONDS
         mcp.run_http(
             listen,
-            lambda name: _task(args, harness, args.task or name or mcp.new_task_id()),
+            lambda name: _task(args, harness, name or mcp.new_task_id()),
             args.command,
             session_timeout=session_timeout,
+            task=args.task,
             **upstream,
         )
     return 0

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_client import (
     BIN,
@@ -254,3 +256,31 @@ def test_malformed_arguments_get_an_error_that_names_the_field(home: Path) -> No
         ["params.name"],
     ]
     assert "params.arguments" in errors[0]["message"]
+
+
+async def test_2026_clients_over_http_are_kept_apart_or_share_the_task_they_name(
+    home: Path,
+) -> None:
+    """Without a name, each client's task is its clientInfo name's; a Spillbox-Task header
+    names one. Each task's payload is its own."""
+    with listening(home, "proxy", "--", *toy_server()) as (url, _server):
+        stored: dict[str, str] = {}
+        for label, headers, info in [
+            ("one", {}, "client-one"),
+            ("two", {}, "client-two"),
+            ("named", {"Spillbox-Task": "named"}, "client-one"),
+        ]:
+            async with (
+                httpx2.AsyncClient(headers=headers) as http,
+                Client(
+                    streamable_http_client(url, http_client=http),
+                    mode="2026-07-28",
+                    client_info=types.Implementation(name=info, version="1"),
+                ) as client,
+            ):
+                result = await client.call_tool("blob", {"size": 100_000})
+                notice = parse_notice(text_of(result))
+                assert notice is not None, text_of(result)[:200]
+                stored[label] = notice["path"]
+    tasks = {label: Path(path).parts[-3] for label, path in stored.items()}
+    assert tasks == {"one": "mcp-client-one", "two": "mcp-client-two", "named": "named"}

@@ -81,11 +81,13 @@ def run_http(
     url: str | None = None,
     session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
     start_timeout: float = UPSTREAM_START_SECONDS,
+    task: str | None = None,
 ) -> None:
     """Serve MCP over streamable HTTP at listen until SIGINT or SIGTERM: each MCP session
-    gets the task open_task opens (closed when the session ends) and its own upstream."""
+    gets the task open_task opens (task, else a new one; closed when the session ends) and
+    its own upstream; 2026-07-28 clients, which have no session, the task they name."""
     connect = _connect(command, timeout, bound, url, start_timeout)
-    anyio.run(serve_http, listen, open_task, connect, session_timeout)
+    anyio.run(serve_http, listen, open_task, connect, session_timeout, task)
 
 
 def _connect(

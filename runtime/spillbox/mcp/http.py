@@ -82,9 +82,8 @@ SUPPORTED = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 OpenTask = Callable[[str | None], AbstractContextManager[TaskHandle]]
-"""Opens the task of a new session, or the named task a 2026-07-28 client asked for (None:
-a task of its own), blocking: run it in a worker thread; closing it applies the task's
-retention."""
+"""Opens the named task (None: a new task of its own), blocking: run it in a worker
+thread; closing it applies the task's retention."""
 Connect = Callable[[TaskHandle], AbstractAsyncContextManager[Proxy]]
 """A proxy for one session's task, its upstream started, stopped when the session ends."""
 
@@ -156,8 +155,11 @@ class Sessions:
         group: anyio.abc.TaskGroup,
         session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        task: str | None = None,
     ) -> None:
         self.open_task = open_task
+        self.task = task
+        """The task every session and request is served (--task); None: each its own."""
         self.connect = connect
         self.security = security
         self.checks = TransportSecurityMiddleware(security)
@@ -208,7 +210,7 @@ class Sessions:
         single-exchange entry with the proxy of the task it names (TASK_HEADER or the
         `_meta` key TASK_META_KEY; else the client's clientInfo name), opened on first use."""
         body = await request.body()
-        name = request.headers.get(TASK_HEADER) or _named_task(body)
+        name = self.task or request.headers.get(TASK_HEADER) or _named_task(body)
         entry = self.stateless.get(name)
         if entry is None:
             async with self._creating:
@@ -293,7 +295,7 @@ class Sessions:
             return
         self.opening += 1  # no await between the check and this: sessions cannot overtake
         try:
-            task = await anyio.to_thread.run_sync(self.open_task, None)
+            task = await anyio.to_thread.run_sync(self.open_task, self.task)
         except Exception as e:  # noqa: BLE001 - the client is told; the server goes on
             await _not_opened(e, scope, receive, send)
             return
@@ -354,9 +356,12 @@ async def serve_http(
     open_task: OpenTask,
     connect: Connect,
     session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+    task: str | None = None,
 ) -> None:
     """Serve MCP sessions at http://HOST:PORT/mcp until cancelled or sent SIGINT/SIGTERM;
-    then end every session (upstreams stopped, tasks closed)."""
+    then end every session (upstreams stopped, tasks closed). task: the one task every
+    session and 2026-07-28 request is served (None: each session its own, each 2026-07-28
+    client the one it names)."""
     family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -369,7 +374,13 @@ async def serve_http(
     port = sock.getsockname()[1]
     async with anyio.create_task_group() as group:
         sessions = Sessions(
-            open_task, connect, listen.security(port), group, session_timeout, listen.max_sessions
+            open_task,
+            connect,
+            listen.security(port),
+            group,
+            session_timeout,
+            listen.max_sessions,
+            task,
         )
         config = uvicorn.Config(
             RequestBodyLimitMiddleware(sessions, DEFAULT_MAX_REQUEST_BODY_SIZE),
