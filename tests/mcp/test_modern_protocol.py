@@ -155,7 +155,7 @@ async def test_sigterm_closes_the_task_and_stops_the_upstream(home: Path) -> Non
 
 
 @pytest.mark.parametrize("mode", ["auto", "2026-07-28"])
-async def test_a_2026_client_over_http_is_served_a_task_it_names(
+async def test_a_2026_client_over_http_reads_its_payload_in_a_later_request(
     mode: str, git_repo: Path, home: Path
 ) -> None:
     with listening(home, "proxy", "--", *git_server(git_repo)) as (url, _server):
