@@ -5,7 +5,8 @@ The upstream is tests/mcp/toy_server.py, a server of the official SDK's own, and
 sides are driven by the SDK's ClientSession over stdio, so the floor is the SDK's:
 
 - pass-through latency: a small `echo` call (a few bytes, inline), called directly and
-  through the proxy in alternation; median and p99 of each, and what the proxy adds;
+  through the proxy in alternation; median and p99 of each, and what the proxy adds; and
+  the median again with a 2026-07-28 client (the SDK's Client, both sides stateless);
 - a 40 MB result: the server's own time to send it (a raw client writes the request and
   reads the reply's line, parsing nothing) against the call through the proxy (received,
   parsed, gated, stored, and the notice returned); the SDK's own client, calling the
@@ -36,8 +37,10 @@ import mcp_types as types
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types.version import LATEST_MODERN_VERSION
 
 from common import MB, Target, bench_main
+from mcp import Client
 from spillbox import parse_notice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,13 +70,19 @@ def _proxied(home: str) -> StdioServerParameters:
 
 
 @asynccontextmanager
-async def _session(params: StdioServerParameters) -> AsyncIterator[ClientSession]:
+async def _session(params: StdioServerParameters, era: str = "legacy") -> AsyncIterator[Any]:
+    """A connected client: the SDK's ClientSession after the 2025-11-25 handshake
+    (legacy), or its Client in a 2026-07-28 mode (both sides stateless)."""
+    if era != "legacy":
+        async with Client(params, mode=era) as client:
+            yield client
+        return
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
 
 
-async def _timed_call(session: ClientSession, tool: str, args: dict[str, Any]) -> float:
+async def _timed_call(session: Any, tool: str, args: dict[str, Any]) -> float:
     started = time.perf_counter()
     result = await session.call_tool(tool, args)
     seconds = time.perf_counter() - started
@@ -94,12 +103,13 @@ def _p99(samples: list[float]) -> float:
     return samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
 
 
-async def _small(home: str, calls: int) -> dict[str, Any]:
-    """The echo call, direct and proxied in alternation (load moves both alike)."""
+async def _small(home: str, calls: int, era: str = "legacy") -> dict[str, Any]:
+    """The echo call, direct and proxied in alternation (load moves both alike), with the
+    client of the era given (the proxy speaks to the server in the era it speaks)."""
     args = {"text": SMALL_TEXT}
     direct: list[float] = []
     proxied: list[float] = []
-    async with _session(_direct()) as server, _session(_proxied(home)) as proxy:
+    async with _session(_direct(), era) as server, _session(_proxied(home), era) as proxy:
         for _ in range(WARMUP_CALLS):
             await _timed_call(server, "echo", args)
             await _timed_call(proxy, "echo", args)
@@ -199,6 +209,9 @@ async def _run(quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="spillbox-bench-") as home:
         return {
             "small": await _small(home, QUICK_SMALL_CALLS if quick else SMALL_CALLS),
+            "small_2026": await _small(
+                home, QUICK_SMALL_CALLS if quick else SMALL_CALLS, LATEST_MODERN_VERSION
+            ),
             "large": await _large(home, QUICK_LARGE_BYTES if quick else LARGE_BYTES),
             "memory": await _memory(home, QUICK_MEMORY_BYTES if quick else MEMORY_BYTES),
         }
@@ -212,8 +225,10 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     small, large, memory = results["small"], results["large"], results["memory"]
+    modern = results["small_2026"]
     added = small["proxy_median_ms"] - small["direct_median_ms"]
     added_p99 = small["proxy_p99_ms"] - small["direct_p99_ms"]
+    added_modern = modern["proxy_median_ms"] - modern["direct_median_ms"]
     mb = large["bytes"] // MB
     return "\n".join(
         [
@@ -225,6 +240,10 @@ def markdown(results: dict[str, Any]) -> str:
             f"| echo, p99 of {small['calls']} | {small['direct_p99_ms']:.2f} | "
             f"{small['proxy_p99_ms']:.2f} | {added_p99:.2f} | "
             f"{small['proxy_p99_ms'] / small['direct_p99_ms']:.2f} |",
+            f"| echo, 2026-07-28 client, median of {modern['calls']} | "
+            f"{modern['direct_median_ms']:.2f} | {modern['proxy_median_ms']:.2f} | "
+            f"{added_modern:.2f} | "
+            f"{modern['proxy_median_ms'] / modern['direct_median_ms']:.2f} |",
             f"| {mb} MB result, median of {large['runs']} (direct: the server's own time "
             f"to send it) | {large['raw_ms']:.0f} | {large['proxy_ms']:.0f} | "
             f"{large['proxy_ms'] - large['raw_ms']:.0f} | "

@@ -201,7 +201,18 @@ def _parser() -> argparse.ArgumentParser:
     _retention_flags(proxy)
     _listen_flags(proxy)
     proxy.add_argument("--url", help="a server that speaks streamable HTTP, in place of COMMAND")
-    proxy.add_argument("command", nargs="*", metavar="COMMAND", help="the server to run (or --url)")
+    proxy.add_argument(
+        "--upstream-start-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long the server may take to answer its handshake (default 8; more for a "
+        "server that npx downloads on first use)",
+    )
+    # Everything from the first word that is not an option on is the server's command
+    # line, with or without a -- before it (the MCP Inspector drops a -- it is given).
+    proxy.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the server to run (or --url)"
+    )
     proxy.set_defaults(func=_mcp)
     serve = mcp_commands.add_parser(
         "serve", parents=[common], help="spillbox's tools alone, over a task's payloads"
@@ -209,7 +220,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--task", required=True)
     _retention_flags(serve)
     _listen_flags(serve)
-    serve.set_defaults(func=_mcp, command=None, url=None, upstream_timeout=None, step_bound=None)
+    serve.set_defaults(
+        func=_mcp,
+        command=None,
+        url=None,
+        upstream_timeout=None,
+        upstream_start_timeout=None,
+        step_bound=None,
+    )
 
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
@@ -248,7 +266,7 @@ def _listen_flags(parser: argparse.ArgumentParser) -> None:
         "--session-timeout",
         type=float,
         metavar="SECONDS",
-        help="end a session with no request in flight this long (default 1800)",
+        help="end a session with no request in flight this long (default 300)",
     )
     group.add_argument(
         "--max-sessions",
@@ -527,6 +545,8 @@ def _mcp(args: argparse.Namespace) -> int:
     from spillbox import mcp
     from spillbox.harness import Harness
 
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
     if args.command is not None and bool(args.command) == bool(args.url):  # proxy
         raise ConfigError(
             "give the server to run after --, or --url for one that speaks streamable HTTP "
@@ -537,6 +557,7 @@ def _mcp(args: argparse.Namespace) -> int:
         "timeout": mcp.DEFAULT_UPSTREAM_TIMEOUT_SECONDS if timeout is None else timeout or None,
         "bound": mcp.STEP_BOUND_SECONDS if args.step_bound is None else args.step_bound,
         "url": args.url,
+        "start_timeout": args.upstream_start_timeout or mcp.UPSTREAM_START_SECONDS,
     }
     listen = None
     if args.listen:
@@ -551,9 +572,10 @@ def _mcp(args: argparse.Namespace) -> int:
         session_timeout = args.session_timeout or mcp.DEFAULT_SESSION_TIMEOUT_SECONDS
         mcp.run_http(
             listen,
-            lambda: _task(args, harness, args.task or mcp.new_task_id()),
+            lambda name: _task(args, harness, name or mcp.new_task_id()),
             args.command,
             session_timeout=session_timeout,
+            task=args.task,
             **upstream,
         )
     return 0

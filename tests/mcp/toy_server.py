@@ -25,6 +25,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 OBJECT = {"type": "object"}
 TOOLS = [
@@ -100,7 +101,7 @@ def main() -> None:
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         args = params.arguments or {}
         if params.name == "wide":
             table = {"rows": rows(int(args.get("rows", 10)))}
@@ -128,7 +129,10 @@ def main() -> None:
         if params.name == "exit":
             os._exit(int(args.get("status", 0)))
         if params.name == "result":
-            return types.CallToolResult.model_validate(args["result"])
+            # As given (the SDK adds no defaults to a dict), but the resultType that
+            # 2026-07-28 requires of every result.
+            modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+            return {"resultType": "complete", **args["result"]} if modern else args["result"]
         if params.name == "sleep":
             await anyio.sleep(float(args.get("seconds", 0)))
             text = str(args.get("text", "done"))

@@ -36,7 +36,7 @@ from spillbox.mcp.http import (
 )
 from spillbox.mcp.proxy import connection, serve_stdio
 from spillbox.mcp.step import STEP_BOUND_SECONDS
-from spillbox.mcp.upstream import DEFAULT_UPSTREAM_TIMEOUT_SECONDS
+from spillbox.mcp.upstream import DEFAULT_UPSTREAM_TIMEOUT_SECONDS, UPSTREAM_START_SECONDS
 from spillbox.protocols import TaskHandle
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_SESSION_TIMEOUT_SECONDS",
     "DEFAULT_UPSTREAM_TIMEOUT_SECONDS",
     "STEP_BOUND_SECONDS",
+    "UPSTREAM_START_SECONDS",
     "Listen",
     "new_task_id",
     "parse_listen",
@@ -59,13 +60,15 @@ def run(
     timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     bound: float = STEP_BOUND_SECONDS,
     url: str | None = None,
+    start_timeout: float = UPSTREAM_START_SECONDS,
 ) -> None:
     """Serve MCP on stdin/stdout: in front of command's server (or the server at url, over
     streamable HTTP), or spillbox's tools alone.
 
     timeout: seconds an upstream request may go without its answer or progress (None: no
-    limit); bound: how long a finished result waits for the other calls of its step."""
-    anyio.run(serve_stdio, _connect(command, timeout, bound, url), task)
+    limit); bound: how long a finished result waits for the other calls of its step;
+    start_timeout: how long the server may take to answer its handshake."""
+    anyio.run(serve_stdio, _connect(command, timeout, bound, url, start_timeout), task)
 
 
 def run_http(
@@ -77,17 +80,31 @@ def run_http(
     bound: float = STEP_BOUND_SECONDS,
     url: str | None = None,
     session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+    start_timeout: float = UPSTREAM_START_SECONDS,
+    task: str | None = None,
 ) -> None:
     """Serve MCP over streamable HTTP at listen until SIGINT or SIGTERM: each MCP session
-    gets the task open_task opens (closed when the session ends) and its own upstream."""
-    connect = _connect(command, timeout, bound, url)
-    anyio.run(serve_http, listen, open_task, connect, session_timeout)
+    gets the task open_task opens (task, else a new one; closed when the session ends) and
+    its own upstream; 2026-07-28 clients, which have no session, the task they name."""
+    connect = _connect(command, timeout, bound, url, start_timeout)
+    anyio.run(serve_http, listen, open_task, connect, session_timeout, task)
 
 
 def _connect(
-    command: Sequence[str] | None, timeout: float | None, bound: float, url: str | None
+    command: Sequence[str] | None,
+    timeout: float | None,
+    bound: float,
+    url: str | None,
+    start_timeout: float,
 ) -> Connect:
-    return partial(connection, command=command, bound=bound, upstream_timeout=timeout, url=url)
+    return partial(
+        connection,
+        command=command,
+        bound=bound,
+        upstream_timeout=timeout,
+        url=url,
+        start_timeout=start_timeout,
+    )
 
 
 def new_task_id() -> str:

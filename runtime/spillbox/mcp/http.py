@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import signal
 import socket
 import sys
@@ -40,6 +41,7 @@ import anyio.abc
 import anyio.to_thread
 import mcp_types as types
 import uvicorn
+from mcp.server._streamable_http_modern import handle_modern_request
 from mcp.server.runner import serve_loop
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.transport_security import (
@@ -49,29 +51,39 @@ from mcp.server.transport_security import (
     TransportSecuritySettings,
 )
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types import CLIENT_INFO_META_KEY
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from spillbox.errors import ConfigError
 from spillbox.mcp.proxy import Proxy
+from spillbox.mcp.upstream import one_line
 from spillbox.protocols import TaskHandle
 
 ENDPOINT = "/mcp"
-DEFAULT_SESSION_TIMEOUT_SECONDS = 1800.0
-"""A session with no request in flight (and no open GET stream) this long is ended."""
+DEFAULT_SESSION_TIMEOUT_SECONDS = 300.0
+"""A session with no request in flight (and no open GET stream) this long is ended, and a
+2026-07-28 client's task with no request this long is closed: a client that never ends its
+session (the MCP Inspector) leaves an upstream process running only this long."""
+TASK_HEADER = "spillbox-task"
+"""The header (or `_meta` key, TASK_META_KEY) that names a 2026-07-28 client's task."""
+TASK_META_KEY = "spillbox/task"
+IDLE_CHECK_SECONDS = 5.0
+"""How often stateless tasks are checked for their idle timeout."""
 DEFAULT_MAX_SESSIONS = 8
 """How many sessions may be open at once: each runs an upstream server of its own and has
 a task, so a client opening sessions without end would exhaust the machine's memory."""
 SHUTDOWN_GRACE_SECONDS = 5
 """On SIGINT or SIGTERM, how long requests in flight (and open SSE streams) are given."""
 BACKLOG = 128
+SUPPORTED = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-OpenTask = Callable[[], AbstractContextManager[TaskHandle]]
-"""Opens the task of a new session (blocking: run in a worker thread); closing it applies
-the task's retention."""
+OpenTask = Callable[[str | None], AbstractContextManager[TaskHandle]]
+"""Opens the named task (None: a new task of its own), blocking: run it in a worker
+thread; closing it applies the task's retention."""
 Connect = Callable[[TaskHandle], AbstractAsyncContextManager[Proxy]]
 """A proxy for one session's task, its upstream started, stopped when the session ends."""
 
@@ -143,8 +155,11 @@ class Sessions:
         group: anyio.abc.TaskGroup,
         session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        task: str | None = None,
     ) -> None:
         self.open_task = open_task
+        self.task = task
+        """The task every session and request is served (--task); None: each its own."""
         self.connect = connect
         self.security = security
         self.checks = TransportSecurityMiddleware(security)
@@ -154,6 +169,9 @@ class Sessions:
         self.live: dict[str, StreamableHTTPServerTransport] = {}
         self.opening = 0
         """Sessions whose task is being opened (not yet in live): they count against the cap."""
+        self.stateless: dict[str, _Stateless] = {}
+        """2026-07-28 clients' tasks by name, each with its proxy."""
+        self._creating = anyio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -163,15 +181,17 @@ class Sessions:
         if refused is None and scope["path"] != ENDPOINT:
             refused = Response(f"Not Found: MCP is served at {ENDPOINT}", status_code=404)
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
-        if refused is None and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        if refused is None and version is not None and version not in SUPPORTED:
             refused = _error(
                 f"Bad Request: unsupported {MCP_PROTOCOL_VERSION_HEADER} {version!r}; this "
-                f"server speaks {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}",
+                f"server speaks {', '.join(SUPPORTED)}",
                 400,
             )
         session_id = request.headers.get(MCP_SESSION_ID_HEADER)
         if refused is not None:
             await refused(scope, receive, send)
+        elif version in MODERN_PROTOCOL_VERSIONS:
+            await self._stateless(request, scope, receive, send)
         elif session_id is None:
             await self._open(scope, receive, send)
         elif (transport := self.live.get(session_id)) is None:
@@ -183,6 +203,85 @@ class Sessions:
             if transport.is_terminated:
                 self.live.pop(session_id, None)
 
+    async def _stateless(
+        self, request: Request, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A 2026-07-28 request (no session: each POST stands alone), served by the SDK's
+        single-exchange entry with the proxy of the task it names (TASK_HEADER or the
+        `_meta` key TASK_META_KEY; else the client's clientInfo name), opened on first use."""
+        body = await request.body()
+        name = self.task or request.headers.get(TASK_HEADER) or _named_task(body)
+        entry = self.stateless.get(name)
+        if entry is None:
+            async with self._creating:
+                entry = self.stateless.get(name)
+                if entry is None:
+                    if self._full():
+                        await self._refuse_full(scope, receive, send)
+                        return
+                    try:
+                        entry = await self.group.start(self._serve_stateless, name)
+                    except Exception as e:  # noqa: BLE001 - the client is told; the server goes on
+                        await _not_opened(e, scope, receive, send)
+                        return
+        entry.busy += 1
+        try:
+            await handle_modern_request(
+                entry.proxy.server,
+                self.security,
+                False,
+                entry.state,
+                scope,
+                _replay(body, receive),
+                send,
+            )
+        finally:
+            entry.busy -= 1
+            entry.last = anyio.current_time()
+
+    async def _serve_stateless(
+        self, name: str, *, task_status: anyio.abc.TaskStatus[_Stateless]
+    ) -> None:
+        """Serve one named task's proxy until no request has come for session_timeout
+        seconds (or the server stops), then stop its upstream and close the task."""
+        task = await anyio.to_thread.run_sync(self.open_task, name)
+        try:
+            async with self.connect(task.__enter__()) as proxy:
+                server = proxy.server
+                async with server.lifespan(server) as state:
+                    entry = _Stateless(proxy, state, anyio.current_time())
+                    self.stateless[name] = entry
+                    task_status.started(entry)
+                    # Polled: the deadline moves with every request.
+                    while (  # noqa: ASYNC110
+                        self.session_timeout is None
+                        or entry.busy
+                        or anyio.current_time() - entry.last < self.session_timeout
+                    ):
+                        await anyio.sleep(IDLE_CHECK_SECONDS)
+        finally:
+            self.stateless.pop(name, None)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(task.__exit__, None, None, None)
+
+    def _full(self) -> bool:
+        return len(self.live) + len(self.stateless) + self.opening >= self.max_sessions
+
+    async def _refuse_full(self, scope: Scope, receive: Receive, send: Send) -> None:
+        idle = (
+            f" or wait until one has been idle for {self.session_timeout:g} s (--session-timeout)"
+            if self.session_timeout
+            else ""
+        )
+        full = _error(
+            f"Service Unavailable: {self.max_sessions} MCP sessions are open (a 2026-07-28 "
+            "client's task counts as one), the most this server takes (--max-sessions); end "
+            f"one (HTTP DELETE, as the SDK clients do on close){idle}",
+            503,
+            types.INTERNAL_ERROR,
+        )
+        await full(scope, receive, send)
+
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A request without a session id: an initialize opens a session, with its task;
         anything else is refused before a task is opened for it."""
@@ -191,29 +290,14 @@ class Sessions:
             refused = _error("Bad Request: no Mcp-Session-Id; send initialize first", 400)
             await refused(scope, receive, send)
             return
-        if len(self.live) + self.opening >= self.max_sessions:
-            idle = (
-                f" or wait until one has been idle for {self.session_timeout:g} s "
-                "(--session-timeout)"
-                if self.session_timeout
-                else ""
-            )
-            full = _error(
-                f"Service Unavailable: {self.max_sessions} MCP sessions are open, the most "
-                "this server takes (--max-sessions); end one (HTTP DELETE, as the SDK "
-                f"clients do on close){idle}",
-                503,
-                types.INTERNAL_ERROR,
-            )
-            await full(scope, receive, send)
+        if self._full():
+            await self._refuse_full(scope, receive, send)
             return
         self.opening += 1  # no await between the check and this: sessions cannot overtake
         try:
-            task = await anyio.to_thread.run_sync(self.open_task)
+            task = await anyio.to_thread.run_sync(self.open_task, self.task)
         except Exception as e:  # noqa: BLE001 - the client is told; the server goes on
-            message = f"spillbox could not open the session's task: {e}"
-            print(f"spillbox: {message}", file=sys.stderr)
-            await _error(message, 500, types.INTERNAL_ERROR)(scope, receive, send)
+            await _not_opened(e, scope, receive, send)
             return
         finally:
             self.opening -= 1
@@ -272,9 +356,12 @@ async def serve_http(
     open_task: OpenTask,
     connect: Connect,
     session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_SECONDS,
+    task: str | None = None,
 ) -> None:
     """Serve MCP sessions at http://HOST:PORT/mcp until cancelled or sent SIGINT/SIGTERM;
-    then end every session (upstreams stopped, tasks closed)."""
+    then end every session (upstreams stopped, tasks closed). task: the one task every
+    session and 2026-07-28 request is served (None: each session its own, each 2026-07-28
+    client the one it names)."""
     family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -287,7 +374,13 @@ async def serve_http(
     port = sock.getsockname()[1]
     async with anyio.create_task_group() as group:
         sessions = Sessions(
-            open_task, connect, listen.security(port), group, session_timeout, listen.max_sessions
+            open_task,
+            connect,
+            listen.security(port),
+            group,
+            session_timeout,
+            listen.max_sessions,
+            task,
         )
         config = uvicorn.Config(
             RequestBodyLimitMiddleware(sessions, DEFAULT_MAX_REQUEST_BODY_SIZE),
@@ -317,6 +410,41 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+@dataclass
+class _Stateless:
+    """The proxy of a task that 2026-07-28 clients name, and when it was last used."""
+
+    proxy: Proxy
+    state: Any
+    last: float
+    busy: int = 0
+
+
+def _named_task(body: bytes) -> str:
+    """The task a 2026-07-28 request names in _meta, else one for its client's name."""
+    try:
+        message = json.loads(body)
+        meta = message["params"]["_meta"]
+    except (ValueError, KeyError, TypeError):
+        return "mcp-client"
+    if not isinstance(meta, dict):
+        return "mcp-client"
+    named = meta.get(TASK_META_KEY)
+    if isinstance(named, str) and named:
+        return named
+    info = meta.get(CLIENT_INFO_META_KEY)
+    client = info.get("name") if isinstance(info, dict) else None
+    slug = re.sub(r"[^a-z0-9]+", "-", client.lower()).strip("-") if isinstance(client, str) else ""
+    return f"mcp-{slug[:40] or 'client'}"
+
+
+async def _not_opened(error: Exception, scope: Scope, receive: Receive, send: Send) -> None:
+    """A task that could not be opened: said on stderr and to the client (500)."""
+    message = f"spillbox could not open the session's task: {one_line(error)}"
+    print(f"spillbox: {message}", file=sys.stderr)
+    await _error(message, 500, types.INTERNAL_ERROR)(scope, receive, send)
 
 
 def _is_initialize(body: bytes) -> bool:

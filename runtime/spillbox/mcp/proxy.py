@@ -5,8 +5,10 @@ with spillbox's tools alone (`spillbox mcp serve`).
     proxy = Proxy(task, None, group, url="http://127.0.0.1:3001/mcp")   # streamable HTTP
     await proxy.server.run(read, write, proxy.options())
 
-Everything but tools/call passes through to the upstream as it came (initialize and its
-capabilities, resources, prompts, completions, logging, list_changed notifications,
+The upstream is started with the proxy; the client's first request connects it, in
+whichever era each side speaks (2025-11-25's initialize, 2026-07-28's server/discover and
+per-request _meta). Everything but tools/call passes through to the upstream as it came
+(the handshake's capabilities, resources, prompts, completions, logging, list_changed notifications,
 progress, cancellation, and the upstream's sampling, elicitation and roots requests).
 tools/call results pass the gate, the calls that overlap in time as one step
 (spillbox.mcp.step); spillbox's tools join the upstream's list, prefixed on a collision.
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -31,7 +34,17 @@ from mcp.server.models import InitializationOptions
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    SERVER_INFO_META_KEY,
+)
+from mcp_types.methods import SPEC_CLIENT_METHODS, validate_client_request
+from mcp_types.version import (
+    HANDSHAKE_PROTOCOL_VERSIONS,
+    LATEST_HANDSHAKE_VERSION,
+    MODERN_PROTOCOL_VERSIONS,
+)
 from pydantic import BaseModel, ValidationError
 
 from spillbox.mcp.links import artifact_uri, parse_uri, resource, resource_link
@@ -42,6 +55,7 @@ from spillbox.mcp.transport import stdio
 from spillbox.mcp.upstream import (
     DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     UPSTREAM_GONE,
+    UPSTREAM_START_SECONDS,
     UPSTREAM_TIMEOUT,
     Client,
     Upstream,
@@ -54,9 +68,6 @@ ADMIT_IN_LOOP_CHARS = 4096
 """A step's results of up to this many characters in all are gated on the event loop
 (well under a millisecond); larger ones in a worker thread, so that counting and storing
 them does not hold up other calls' messages. A thread hop costs about half a millisecond."""
-
-UPSTREAM_START_SECONDS = 120.0
-"""How long the upstream may take to start and answer initialize (npx may download it)."""
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -83,12 +94,13 @@ class Proxy:
         bound: float = STEP_BOUND_SECONDS,
         timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
         url: str | None = None,
+        start_timeout: float = UPSTREAM_START_SECONDS,
     ) -> None:
         self.task = task
         self.group = group
         self.client = Client()
         self.upstream = (
-            Upstream(command or None, self.client, self._from_upstream, timeout, url)
+            Upstream(command or None, self.client, self._from_upstream, timeout, url, start_timeout)
             if command or url
             else None
         )
@@ -97,16 +109,20 @@ class Proxy:
         self.steps = Steps(self._admit, bound)
         self._admitting = anyio.Lock()
         self._calls = itertools.count(1)
+        self._spoken = False
+        """Whether the client has sent a request besides server/discover."""
+        self._listed = False
+        """Whether the upstream's tools have been fetched once it connected."""
         self.server = self._server()
 
     def options(self) -> InitializationOptions:
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
 
     def _server(self) -> Server[Any]:
-        server: Server[Any] = Server(
-            "spillbox", on_list_tools=self._list_tools, on_call_tool=self._call_tool
-        )
-        server.middleware.append(self._handshake)
+        server: Server[Any] = Server("spillbox", on_list_tools=self._list_tools)
+        # Registered as a request handler, whose result may be the wire's own dict.
+        server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
+        server.middleware += [_named_invalid_params, self._handshake]
         # Offloaded payloads are resources (spillbox.mcp.links), whatever the upstream.
         server.add_request_handler(
             "resources/list", types.PaginatedRequestParams, self._list_resources
@@ -131,11 +147,13 @@ class Proxy:
         """Tell the client when the upstream exits; spillbox's tools keep working."""
         if self.upstream is None:
             return
-        await self.upstream.exited.wait()
-        gone = await self.upstream.settled()
+        await self.upstream.finished.wait()
+        self.upstream_tools = {}
+        if self.upstream.failure is not None:
+            return  # it never served; the client's first request is told why
+        gone = self.upstream.why(await self.upstream.settled())
         message = f"{gone}; spillbox's tools ({', '.join(self.local.names)}) still work"
         print(f"spillbox: {message}", file=sys.stderr)
-        self.upstream_tools = {}
         await self._to_client(
             types.LoggingMessageNotification(
                 params=types.LoggingMessageNotificationParams(
@@ -146,45 +164,84 @@ class Proxy:
         await self._to_client(types.ToolListChangedNotification())
 
     async def _handshake(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
-        """initialize: start the upstream with the client's capabilities and answer with its
-        own; notifications/initialized: the client may now get relayed requests."""
+        """Connect the upstream (already started) with the capabilities of the client's
+        first request, in either era: initialize's, or a 2026-07-28 request's _meta; answer
+        initialize and server/discover with the upstream's own. A failure to connect fails
+        initialize, or the first request after server/discover, with the reason."""
         if ctx.method == "notifications/initialized":
             result = await call_next(ctx)
             self.client.ready.set()
             return result
-        if ctx.method != "initialize":
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and ctx.request_id is not None
+        if ctx.method == "initialize":
+            self.client.session = ctx.session
+            try:
+                init = types.InitializeRequestParams.model_validate(ctx.params or {}, by_name=False)
+            except ValidationError:
+                return await call_next(ctx)  # the SDK answers with the error
+            offer: tuple[types.ClientCapabilities, types.Implementation | None] = (
+                init.capabilities,
+                init.client_info,
+            )
+        elif modern:
+            offer = _modern_offer(ctx.params)
+        else:
             return await call_next(ctx)
-        self.client.session = ctx.session
         if self.upstream is None:
             return await call_next(ctx)
+        discover = ctx.method == "server/discover"
+        first = not self._spoken and not discover
+        self._spoken = self._spoken or not discover
         try:
-            params = types.InitializeRequestParams.model_validate(ctx.params or {}, by_name=False)
-        except ValidationError:
-            return await call_next(ctx)  # the SDK answers with the error
-        try:
-            with anyio.fail_after(UPSTREAM_START_SECONDS):
-                upstream = await self.upstream.start(self.group, params)
-        except Exception as e:  # noqa: BLE001 - any failure to start: serve spillbox's tools
-            print(f"spillbox: {self.upstream.gone} at start ({e!r})", file=sys.stderr)
-            self.upstream.exited.set()
+            await self.upstream.connect(*offer)
+        except MCPError:
+            # server/discover is answered (spillbox's own): the SDK client, refused, would
+            # try initialize on the same connection and show its refusal instead of why.
+            if first or ctx.method == "initialize":
+                raise
             return await call_next(ctx)
-        await self._refresh_tools()
-        requested = params.protocol_version
-        # Task-augmented calls (tasks/*) are not passed through: they would skip the gate.
-        capabilities = upstream.capabilities.model_copy(
+        if not self._listed:
+            self._listed = True
+            await self._refresh_tools()
+        if ctx.method == "initialize":
+            requested = init.protocol_version
+            return types.InitializeResult(
+                protocol_version=requested
+                if requested in HANDSHAKE_PROTOCOL_VERSIONS
+                else LATEST_HANDSHAKE_VERSION,
+                capabilities=self._capabilities(modern=False),
+                server_info=self.upstream.server_info
+                or types.Implementation(name="spillbox", version=""),
+                instructions=self.upstream.instructions,
+            )
+        if ctx.method == "server/discover":
+            info = self.upstream.server_info
+            meta = (
+                {SERVER_INFO_META_KEY: info.model_dump(by_alias=True, mode="json")}
+                if info
+                else None
+            )
+            return types.DiscoverResult(
+                supported_versions=list(MODERN_PROTOCOL_VERSIONS),
+                capabilities=self._capabilities(modern=True),
+                instructions=self.upstream.instructions,
+                _meta=meta,
+            )
+        return await call_next(ctx)
+
+    def _capabilities(self, *, modern: bool) -> types.ServerCapabilities:
+        """The upstream's capabilities, with spillbox's tools and resources. Task-augmented
+        calls (tasks/*) are not passed through: they would skip the gate. A 2026-07-28
+        client gets no listChanged: its list changes come on subscriptions/listen, which
+        the proxy does not serve."""
+        assert self.upstream is not None and self.upstream.capabilities is not None
+        upstream = self.upstream.capabilities
+        return upstream.model_copy(
             update={
-                "tools": types.ToolsCapability(list_changed=True),
+                "tools": types.ToolsCapability(list_changed=None if modern else True),
                 "tasks": None,
-                "resources": upstream.capabilities.resources or types.ResourcesCapability(),
+                "resources": upstream.resources or types.ResourcesCapability(),
             }
-        )
-        return types.InitializeResult(
-            protocol_version=requested
-            if requested in HANDSHAKE_PROTOCOL_VERSIONS
-            else LATEST_HANDSHAKE_VERSION,
-            capabilities=capabilities,
-            server_info=upstream.server_info,
-            instructions=upstream.instructions,
         )
 
     async def _list_tools(
@@ -208,7 +265,7 @@ class Proxy:
                 if e.code == UPSTREAM_GONE:
                     return
                 raise
-            tools.update((tool.name, tool) for tool in page.tools)
+            tools.update((tool.name, tool) for tool in page.tools if _callable(tool))
             cursor = page.next_cursor
             if not cursor:
                 break
@@ -218,24 +275,34 @@ class Proxy:
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         name = params.name
         call_id = f"{name}_{next(self._calls)}"
         original = types.CallToolResult(content=[])
+        from_server = False
+        """Whether original is the server's own (parsed from the wire), not spillbox's."""
 
         async def run() -> ToolResult:
-            nonlocal original
+            nonlocal original, from_server
             if name in self.local.names:
                 output = await self.local.call(name, params.arguments)
                 original = as_call_result(output)
                 return gate_view(call_id, name, output)
-            original = await self._upstream_call(ctx, params)
+            original, from_server = await self._upstream_call(ctx, params)
             return tool_result(call_id, name, original)
 
         admitted = await self.steps.run(run)
         tool = self.upstream_tools.get(name) if name not in self.local.names else None
         link = resource_link(self.task.id, admitted.artifact) if admitted.artifact else None
-        return gated(original, admitted, tool.output_schema if tool is not None else None, link)
+        shown = gated(original, admitted, tool.output_schema if tool is not None else None, link)
+        if shown is not original or not from_server:
+            return shown
+        # Exactly as the server sent it: a dump of the model would add its defaults
+        # ("isError": false). A 2026-07-28 client's result names its resultType.
+        sent = original.model_dump(by_alias=True, mode="json", exclude_unset=True)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            sent.setdefault("resultType", "complete")
+        return sent
 
     async def _list_resources(
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
@@ -284,26 +351,30 @@ class Proxy:
     def _upstream_has_resources(self) -> bool:
         if self.upstream is None or self.upstream.exited.is_set():
             return False
-        started = self.upstream.session.initialize_result if self.upstream.session else None
-        return started is not None and started.capabilities.resources is not None
+        capabilities = self.upstream.capabilities
+        return capabilities is not None and capabilities.resources is not None
 
     async def _upstream_call(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> tuple[types.CallToolResult, bool]:
+        """The server's result and True; or spillbox's error result for a call the server
+        did not answer, and False."""
         if self.upstream is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}")
         try:
-            return await self.upstream.request(
-                types.CallToolRequest(params=params), types.CallToolResult, _progress(ctx)
-            )
+            request = types.CallToolRequest(params=params)
+            result = await self.upstream.request(request, types.CallToolResult, _progress(ctx))
+            return result, True
         except MCPError as e:
             if e.code == UPSTREAM_TIMEOUT:
                 text = f"{e.message} ({params.name}); the server may answer other calls"
             elif e.code == UPSTREAM_GONE:
-                text = f"{e.message} during this call; spillbox's tools still work"
+                text = f"{e.message}; spillbox's tools still work"
             else:
                 raise
-            return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+            return types.CallToolResult(
+                content=[types.TextContent(text=text)], is_error=True
+            ), False
 
     async def _admit(self, results: Sequence[ToolResult]) -> list[Admitted]:
         # One step at a time: a small step gated on the loop never waits there for the
@@ -328,6 +399,8 @@ class Proxy:
         (The upstream's pings are answered by the proxy's client session: the SDK gives
         that no hook.)"""
         assert self.upstream is not None
+        if self.upstream.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return types.EmptyResult()  # 2026-07-28 has no ping
         try:
             return await self.upstream.request(types.PingRequest(), types.EmptyResult)
         except MCPError as e:
@@ -349,6 +422,51 @@ class Proxy:
             await self.client.session.send_notification(notification)
 
 
+async def _named_invalid_params(ctx: Ctx, call_next: CallNext) -> HandlerResult:
+    """Validate a request's params as the SDK will, but answer malformed ones with an
+    error that names each field and what is wrong with it (the SDK's data is "")."""
+    if ctx.request_id is not None and ctx.method in SPEC_CLIENT_METHODS:
+        try:
+            validate_client_request(ctx.method, ctx.protocol_version, ctx.params)
+        except ValidationError as e:
+            fields = [
+                {"field": ".".join(str(part) for part in error["loc"]), "error": error["msg"]}
+                for error in e.errors(include_url=False, include_input=False)
+            ]
+            first = fields[0] if fields else {"field": "params", "error": "invalid"}
+            message = f"Invalid params: {first['field']}: {first['error']}"
+            raise MCPError(types.INVALID_PARAMS, message, data=fields) from None
+        except KeyError:
+            pass  # not a method of this version: the SDK answers it
+    return await call_next(ctx)
+
+
+def _callable(tool: types.Tool) -> bool:
+    """Whether the proxy can serve a call of tool: not one that must run as a task, which
+    the proxy does not offer (a task's result would pass by the gate)."""
+    return tool.execution is None or tool.execution.task_support != "required"
+
+
+def _modern_offer(
+    params: Mapping[str, Any] | None,
+) -> tuple[types.ClientCapabilities, types.Implementation | None]:
+    """What a 2026-07-28 request's _meta declares, for the upstream: its capabilities but
+    sampling, elicitation and roots, since the proxy cannot send a 2026-07-28 client
+    requests to relay them."""
+    meta = (params or {}).get("_meta") or {}
+    try:
+        declared = types.ClientCapabilities.model_validate(
+            meta.get(CLIENT_CAPABILITIES_META_KEY) or {}, by_name=False
+        )
+        info = meta.get(CLIENT_INFO_META_KEY)
+        client_info = types.Implementation.model_validate(info, by_name=False) if info else None
+    except ValidationError:
+        declared, client_info = types.ClientCapabilities(), None  # the SDK refuses the request
+    relayed = {"sampling": None, "elicitation": None, "roots": None}
+    capabilities = declared.model_copy(update=relayed)
+    return capabilities, client_info
+
+
 def _progress(ctx: Ctx) -> ProgressFnT | None:
     """Progress for an upstream request, routed back under the client's own token."""
     if progress_token_from_params(ctx.params) is None:
@@ -367,10 +485,14 @@ async def connection(
     bound: float = STEP_BOUND_SECONDS,
     upstream_timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
     url: str | None = None,
+    start_timeout: float = UPSTREAM_START_SECONDS,
 ) -> AsyncIterator[Proxy]:
-    """One client connection's proxy; on exit its upstream is stopped."""
+    """One client connection's proxy, its upstream started at once; on exit the upstream
+    is stopped."""
     async with anyio.create_task_group() as group:
-        proxy = Proxy(task, command, group, bound, upstream_timeout, url)
+        proxy = Proxy(task, command, group, bound, upstream_timeout, url, start_timeout)
+        if proxy.upstream is not None:
+            group.start_soon(proxy.upstream.run)
         group.start_soon(proxy.watch)
         yield proxy
         group.cancel_scope.cancel()
@@ -379,6 +501,20 @@ async def connection(
 async def serve_stdio(
     connect: Callable[[TaskHandle], AbstractAsyncContextManager[Proxy]], task: TaskHandle
 ) -> None:
-    """Serve one client on stdin/stdout until it disconnects; then stop the upstream."""
-    async with connect(task) as proxy, stdio() as (read, write):
+    """Serve one client on stdin/stdout until it disconnects or SIGTERM or SIGHUP comes;
+    then stop the upstream (and return, so that the caller closes the task at once)."""
+    async with (
+        connect(task) as proxy,
+        stdio() as (read, write),
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(_end_on_signal, group.cancel_scope)
         await proxy.server.run(read, write, proxy.options())
+        group.cancel_scope.cancel()
+
+
+async def _end_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return

@@ -14,7 +14,8 @@ client gets back.
   or it holds the text as a string with at most REPEAT_ENVELOPE_BYTES besides and no
   secret in them, like server-filesystem's `{"content": text}`) is not counted again.
 - Images and audio pass through untouched and do not count: a model's cost for them is not
-  text tokens, and offloading an image would not let the model see it.
+  text tokens, and offloading an image would not let the model see it. Nor does a copy of
+  their base64 in structuredContent (server-filesystem's read_media_file repeats it there).
 - A result that stays inline is returned exactly as the server sent it, unless redaction
   (a redacting policy) replaced a secret in what was counted: then every part counted is
   read back from the redacted text (several text blocks as one), so that the client gets
@@ -34,7 +35,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import mcp_types as types
@@ -87,6 +88,11 @@ def _parts(result: types.CallToolResult, text: str | None) -> dict[str, Any]:
     JSON; structuredContent only where it says more than text."""
     parts: dict[str, Any] = {}
     structured = result.structured_content
+    media = _media(result)
+    if structured is not None and media:
+        # A copy of an image's or audio's base64 (server-filesystem's read_media_file) is
+        # no text for the model, as the block it repeats is not: it counts as "".
+        structured = _without(structured, media)
     if structured is not None and (text is None or not _repeats(structured, text)):
         parts[STRUCTURED] = structured
     resources = [_resource(b) for b in result.content if isinstance(b, types.EmbeddedResource)]
@@ -98,6 +104,13 @@ def _parts(result: types.CallToolResult, text: str | None) -> dict[str, Any]:
     if result.meta:
         parts[META] = result.meta
     return parts
+
+
+def _media(result: types.CallToolResult) -> set[str]:
+    """The base64 of result's images and audio."""
+    return {
+        b.data for b in result.content if isinstance(b, types.ImageContent | types.AudioContent)
+    }
 
 
 def _resource(block: types.EmbeddedResource) -> dict[str, Any]:
@@ -148,10 +161,11 @@ def _is_json_of(text: str, value: Any) -> bool:
         return False
 
 
-def _without(value: Any, text: str, instead: str = "") -> Any:
-    """value with every string equal to text replaced by instead."""
+def _without(value: Any, text: str | Collection[str], instead: str = "") -> Any:
+    """value with every string equal to text (or one of texts) replaced by instead."""
     if isinstance(value, str):
-        return instead if value == text else value
+        matched = value == text if isinstance(text, str) else value in text
+        return instead if matched else value
     if isinstance(value, dict):
         return {key: _without(item, text, instead) for key, item in value.items()}
     if isinstance(value, list):
@@ -216,6 +230,11 @@ def _rebuilt(
         if shown is None:
             return None
         structured = shown.get(STRUCTURED)
+        media = _media(result)
+        if STRUCTURED in shown and _without(result.structured_content, media) != (
+            result.structured_content
+        ):
+            return None  # it was counted without the media's base64: it cannot be read back
         if STRUCTURED not in shown and result.structured_content is not None:
             # Left out of what was counted as a repeat of the text: it repeats the redacted text.
             structured = _repeated(result.structured_content, str(text), shown["text"])

@@ -6,8 +6,9 @@ whose lifetimes overlap are one step, and their results pass the gate together.
 
 A finished result is held while other calls of its step still run, until the step's last
 call finishes or STEP_BOUND_SECONDS after the step's first result finished, whichever comes
-first; then every result held is admitted at once. A call still running at that point
-joins the next step, as does a call that starts while results are held.
+first; then every result held is admitted at once. A call that starts while results are
+held is waited for too (within the same bound) and joins that step if it finishes in
+time; a call still running when the step is admitted joins the next step.
 """
 
 from __future__ import annotations

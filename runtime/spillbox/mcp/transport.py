@@ -28,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, MutableSequence, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -47,6 +48,8 @@ Streams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessa
 
 LINE_LIMIT = 2**31
 """The longest line read from the client (asyncio's default is 64 KB)."""
+STDERR_LINE_CHARS = 500
+"""How much of one stderr line of the upstream an error message quotes."""
 EXIT_GRACE_SECONDS = 2.0
 """How long an upstream may take to exit once its stdin is closed, and again after
 SIGTERM, before the next step (the SDK's own timeouts)."""
@@ -167,11 +170,13 @@ async def upstream_stdio(
     command: Sequence[str],
     env: Mapping[str, str],
     started: Callable[[anyio.abc.Process], None] = lambda process: None,
+    stderr_tail: MutableSequence[str] | None = None,
 ) -> AsyncIterator[Streams]:
     """Start command with env and speak MCP over its stdin and stdout; stop it on exit.
-    started gets the process (for its exit status)."""
+    started gets the process (for its exit status); its stderr goes on to this process's,
+    each line also appended to stderr_tail (a bounded deque: why it exited)."""
     process = await anyio.open_process(
-        list(command), env=dict(env), stderr=sys.stderr, start_new_session=True
+        list(command), env=dict(env), stderr=subprocess.PIPE, start_new_session=True
     )
     started(process)
     read_send, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -179,6 +184,7 @@ async def upstream_stdio(
     async with anyio.create_task_group() as group:
         group.start_soon(_read_lines, process, read_send)
         group.start_soon(_write_lines, process, write_receive)
+        group.start_soon(_copy_stderr, process, [] if stderr_tail is None else stderr_tail)
         try:
             yield read, write
         finally:
@@ -223,6 +229,17 @@ async def _lines(stream: anyio.abc.ByteReceiveStream) -> AsyncIterator[bytes]:
             del line
         if chunk:
             parts.append(chunk)
+
+
+async def _copy_stderr(process: anyio.abc.Process, tail: MutableSequence[str]) -> None:
+    """The server's stderr, line by line, to this process's stderr (where an MCP client
+    shows a server's log) and to tail."""
+    assert process.stderr is not None
+    async for line in _lines(process.stderr):
+        text = line.decode("utf-8", errors="replace").rstrip()
+        print(text, file=sys.stderr, flush=True)
+        if text:
+            tail.append(text[:STDERR_LINE_CHARS])
 
 
 async def _write_lines(

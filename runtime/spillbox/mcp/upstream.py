@@ -3,13 +3,15 @@
 the SDK's ClientSession.
 
     upstream = Upstream(["npx", "server-everything"], client, on_notification)
-    result = await upstream.start(task_group, client_params)   # its InitializeResult
+    task_group.start_soon(upstream.run)           # started now, before any client speaks
+    await upstream.connect(capabilities, client_info)   # either era, as the server speaks
     tools = await upstream.request(types.ListToolsRequest(...), types.ListToolsResult)
 
 The upstream is offered exactly the capabilities the proxy's client declared (sampling,
 elicitation, roots), and its requests for them are relayed to that client; its
 notifications go to on_notification. When it exits, `exited` is set and every request
-after that raises an MCPError that says so. A request that gets neither its answer nor a
+after that raises an MCPError that says so, with the exit status and the last lines of
+the server's stderr. A request that gets neither its answer nor a
 progress notification for `timeout` seconds is cancelled upstream (the SDK sends
 notifications/cancelled for it) and raises an MCPError with UPSTREAM_TIMEOUT.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -25,6 +29,7 @@ import anyio
 import anyio.abc
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
+from mcp.client._probe import negotiate_auto
 from mcp.client._transport import ReadStream
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
@@ -32,6 +37,7 @@ from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
+from mcp_types import SERVER_INFO_META_KEY
 from pydantic import BaseModel
 
 from spillbox.mcp.transport import upstream_stdio
@@ -45,6 +51,13 @@ DEFAULT_UPSTREAM_TIMEOUT_SECONDS = 300.0
 """How long a request may go without its answer or a progress notification."""
 EXIT_STATUS_SECONDS = 1.0
 """How long to wait for an exit status once the server's output has ended."""
+UPSTREAM_START_SECONDS = 8.0
+"""How long the upstream may take to answer its handshake once the client's first request
+has come: under the official SDK client's 10 s for server/discover, so that a client in
+its default mode is told why instead of timing out. (It was started with the proxy; a
+server that npx downloads on first use may need more: --upstream-start-timeout.)"""
+STDERR_TAIL_LINES = 5
+"""How many of the server's last stderr lines an error about its exit quotes."""
 
 
 def exit_status(returncode: int) -> str:
@@ -78,7 +91,13 @@ class Client:
 
 class Upstream:
     """One upstream MCP server: a subprocess spoken to over stdio (command), or a server
-    that speaks streamable HTTP at url."""
+    that speaks streamable HTTP at url.
+
+    run starts it at once (in the proxy's task group), before any client has spoken, so
+    that a command that does not exist or exits at once is known by the client's first
+    request; connect then opens the MCP connection in the era the server speaks (the
+    SDK's own negotiation: server/discover, falling back to initialize), offering the
+    capabilities the proxy's client declared."""
 
     def __init__(
         self,
@@ -87,6 +106,7 @@ class Upstream:
         on_notification: Callable[[types.ServerNotification], Awaitable[None]],
         timeout: float | None = DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
         url: str | None = None,
+        start_timeout: float = UPSTREAM_START_SECONDS,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("an upstream is a command or a URL, one of the two")
@@ -94,19 +114,57 @@ class Upstream:
         self.url = url
         self.timeout = timeout
         """Seconds without an answer or progress before a request is cancelled; None: no limit."""
+        self.start_timeout = start_timeout
         self.client = client
         self.on_notification = on_notification
         self.session: ClientSession | None = None
         self.exited = anyio.Event()
         self.process: anyio.abc.Process | None = None
+        self.failure: str | None = None
+        """Why the server could not be started or connected, once that is known."""
+        self.finished = anyio.Event()
+        """Set when run has returned: the server has exited (failure says if it never served)."""
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._offer: tuple[types.ClientCapabilities, types.Implementation | None] | None = None
+        self._offered = anyio.Event()
+        self._settled = anyio.Event()
+        """Set once connect's outcome is known: a session, or a failure."""
+
+    @property
+    def name(self) -> str:
+        if self.url is not None:
+            return f"the upstream MCP server at {self.url}"
+        return f"the upstream MCP server ({' '.join(self.command)})"
 
     @property
     def gone(self) -> str:
         if self.url is not None:
-            return f"the upstream MCP server at {self.url} has closed the connection"
+            return f"{self.name} has closed the connection"
         status = self.process.returncode if self.process is not None else None
         how = "has exited" if status is None else exit_status(status)
-        return f"the upstream MCP server ({' '.join(self.command)}) {how}"
+        return f"{self.name} {how}"
+
+    def why(self, gone: str) -> str:
+        """gone, with the last lines the server wrote to stderr."""
+        if not self.stderr_tail:
+            return gone
+        return f"{gone}; its stderr ended with: {' | '.join(self.stderr_tail)}"
+
+    @property
+    def protocol_version(self) -> str | None:
+        return self.session.protocol_version if self.session is not None else None
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        return self.session.server_capabilities if self.session is not None else None
+
+    @property
+    def server_info(self) -> types.Implementation | None:
+        return self.session.server_info if self.session is not None else None
+
+    @property
+    def instructions(self) -> str | None:
+        return self.session.instructions if self.session is not None else None
 
     async def settled(self) -> str:
         """gone, once the process's exit status is known (its output may end first)."""
@@ -115,12 +173,17 @@ class Upstream:
                 await anyio.sleep(0.01)
         return self.gone
 
-    async def start(
-        self, group: anyio.abc.TaskGroup, client_params: types.InitializeRequestParams
-    ) -> types.InitializeResult:
-        """Start the server in group and initialize it; raises if either fails."""
-        result: types.InitializeResult = await group.start(self._run, client_params)
-        return result
+    async def connect(
+        self, capabilities: types.ClientCapabilities, client_info: types.Implementation | None
+    ) -> None:
+        """Open the MCP connection, offering capabilities (only the first call's offer is
+        made); raises an MCPError with UPSTREAM_GONE that says why if it cannot be."""
+        if self._offer is None:
+            self._offer = (capabilities, client_info)
+            self._offered.set()
+        await self._settled.wait()
+        if self.failure is not None:
+            raise MCPError(UPSTREAM_GONE, self.failure)
 
     async def request(
         self,
@@ -128,9 +191,11 @@ class Upstream:
         result_type: type[ResultT],
         report: ProgressFnT | None = None,
     ) -> ResultT:
-        """Send one request upstream; an MCPError with UPSTREAM_GONE once it has exited."""
+        """Send one request upstream; an MCPError with UPSTREAM_GONE once it has exited
+        (saying whether it had before this request or did during it)."""
         if self.session is None or self.exited.is_set():
-            raise MCPError(UPSTREAM_GONE, self.gone)
+            reason = self.failure or self.why(f"{await self.settled()} before this call")
+            raise MCPError(UPSTREAM_GONE, reason)
         with anyio.CancelScope() as scope:
             if self.timeout is not None:
                 scope.deadline = anyio.current_time() + self.timeout
@@ -144,12 +209,14 @@ class Upstream:
                     await report(progress, total, message)
 
             try:
-                return await self.session.send_request(
+                result = await self.session.send_request(
                     request, result_type, progress_callback=on_progress
                 )
+                return _unstamped(result)
             except MCPError as e:
                 if e.code == types.CONNECTION_CLOSED:
-                    raise MCPError(UPSTREAM_GONE, await self.settled()) from None
+                    gone = f"{await self.settled()} during this call"
+                    raise MCPError(UPSTREAM_GONE, self.why(gone)) from None
                 raise
         raise MCPError(
             UPSTREAM_TIMEOUT,
@@ -161,12 +228,22 @@ class Upstream:
         if self.session is not None and not self.exited.is_set():
             await self.session.send_notification(notification)
 
-    async def _run(
-        self,
-        client_params: types.InitializeRequestParams,
-        *,
-        task_status: anyio.abc.TaskStatus[types.InitializeResult] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
+    async def run(self) -> None:
+        """Start the server, connect when asked to, and serve until it exits or this is
+        cancelled; a failure to start or connect is recorded (failure), never raised."""
+        try:
+            await self._run()
+        except Exception as e:  # noqa: BLE001 - the client's first request is told why
+            if self.failure is None:
+                self.failure = self.why(f"{self.name} could not be started: {one_line(e)}")
+        finally:
+            if self.failure is not None:
+                print(f"spillbox: {self.failure}", file=sys.stderr)
+            self.exited.set()
+            self._settled.set()
+            self.finished.set()
+
+    async def _run(self) -> None:
         # The server gets the proxy's whole environment: a client configuration's "env"
         # (tokens, settings) is given to spillbox and meant for the server.
         streams = (
@@ -174,31 +251,63 @@ class Upstream:
             # is what spillbox is there for.
             streamable_http_client(self.url, max_sse_event_size=None)
             if self.url is not None
-            else upstream_stdio(self.command, os.environ, self._started)
+            else upstream_stdio(self.command, os.environ, self._started, self.stderr_tail)
         )
         async with streams as (read, write), anyio.create_task_group() as group:
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             group.start_soon(_until_eof, read, send, self.exited)
+            await self._offered.wait()
+            assert self._offer is not None
+            capabilities, client_info = self._offer
             async with _Relaying(
-                client_params.capabilities,
+                capabilities,
                 receive,
                 write,
                 message_handler=self._message,
-                **self._relays(client_params),
+                client_info=client_info,
+                **self._relays(capabilities),
             ) as session:
-                result = await session.initialize()
+                await self._negotiate(session)
                 self.session = session
-                task_status.started(result)
+                self._settled.set()
                 await self.exited.wait()
             group.cancel_scope.cancel()
+
+    async def _negotiate(self, session: ClientSession) -> None:
+        """The SDK's own era negotiation, bounded by start_timeout and by the server's
+        exit (a server that exits while starting is reported as that, at once)."""
+        async with anyio.create_task_group() as group:
+
+            async def exit_ends_it() -> None:
+                await self.exited.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(exit_ends_it)
+            with anyio.move_on_after(self.start_timeout) as waited:
+                try:
+                    await negotiate_auto(session)
+                except MCPError as e:
+                    if e.code != types.CONNECTION_CLOSED:
+                        self.failure = self.why(f"{self.name} refused the handshake: {e.message}")
+                    else:
+                        await self.exited.wait()  # its exit ends this at once
+            group.cancel_scope.cancel()
+        if self.failure is None and self.exited.is_set():
+            self.failure = self.why(f"{await self.settled()} before it answered")
+        elif self.failure is None and waited.cancelled_caught:
+            self.failure = self.why(
+                f"{self.name} did not answer initialize within {self.start_timeout:g} s "
+                "(--upstream-start-timeout)"
+            )
+        if self.failure is not None:
+            raise MCPError(UPSTREAM_GONE, self.failure)
 
     def _started(self, process: anyio.abc.Process) -> None:
         self.process = process
 
-    def _relays(self, client_params: types.InitializeRequestParams) -> dict[str, Any]:
+    def _relays(self, capabilities: types.ClientCapabilities) -> dict[str, Any]:
         """Callbacks for what the client can do, relaying the server's requests to it."""
-        capabilities = client_params.capabilities
-        relays: dict[str, Any] = {"client_info": client_params.client_info}
+        relays: dict[str, Any] = {}
         if capabilities.sampling is not None:
             relays["sampling_callback"] = self._sampling
         if capabilities.elicitation is not None:
@@ -226,6 +335,29 @@ class Upstream:
     async def _message(self, message: IncomingMessage) -> None:
         if not isinstance(message, Exception):
             await self.on_notification(message)
+
+
+def _unstamped(result: ResultT) -> ResultT:
+    """result without the serverInfo stamp a 2026-07-28 server puts in every result's
+    _meta: it belongs to that hop (the proxy stamps its own where its client is of that
+    era), and it is not part of what the tool answered, which the gate counts and stores."""
+    meta = getattr(result, "meta", None)
+    if not isinstance(meta, dict) or SERVER_INFO_META_KEY not in meta:
+        return result
+    rest = {key: value for key, value in meta.items() if key != SERVER_INFO_META_KEY}
+    unstamped = result.model_copy(update={"meta": rest or None})
+    if not rest:  # as if the server had sent no _meta: a dump of what it set leaves it out
+        unstamped.model_fields_set.discard("meta")
+    return unstamped
+
+
+def one_line(error: BaseException) -> str:
+    """One line for what went wrong, from the innermost cause of an exception group."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    return str(error) or type(error).__name__
 
 
 class _Relaying(ClientSession):
