@@ -458,6 +458,18 @@ class Task(_ClosedOnExit):
         self.accessed(row, "read", actor)
         return data
 
+    def redacted(self, text: str, source: str) -> str:
+        """text with its secrets replaced under a redacting policy (as it is under another),
+        each replacement logged as what source returned: for what reaches the model around
+        the gate (an MCP server's resources and prompts)."""
+        if not self.retention.redact:
+            return text
+        redaction = redact_payload(text.encode("utf-8", "surrogatepass"))
+        if not redaction.count:
+            return text
+        self.harness.catalog.log(self.id, None, "redact", source, redaction.audit_detail())
+        return redaction.data.decode("utf-8", "surrogatepass")
+
     def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
         """Log a read or query; with TTL counted from access, push the expiry back."""
         catalog = self.harness.catalog

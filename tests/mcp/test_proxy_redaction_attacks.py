@@ -259,3 +259,41 @@ async def test_a_large_image_still_passes_untouched(home: Path) -> None:
     }
     result = await call(home, sent)
     assert result == types.CallToolResult.model_validate(sent)
+
+
+async def read_and_prompt(home: Path, *flags: str) -> tuple[Any, Any]:
+    """The toy server's resource and prompt through the proxy, each holding two secrets."""
+    secret_text = f"deploy with {github_pat}, AWS_ACCESS_KEY_ID={aws_id}"
+    server = toy_server("--resource-text", secret_text)
+    params = proxy_params(home, server, "--task", TASK, *flags)
+    async with connect(params) as session:
+        read = await session.read_resource("toy://config")
+        prompt = await session.get_prompt("configure")
+    return read, prompt
+
+
+async def test_an_upstreams_resources_and_prompts_reach_the_client_redacted(home: Path) -> None:
+    read, prompt = await read_and_prompt(home, "--redact")
+    text, blob = read.contents
+    assert isinstance(text, types.TextResourceContents)
+    assert isinstance(blob, types.BlobResourceContents)
+    decoded = base64.b64decode(blob.blob).decode()
+    [message] = prompt.messages
+    assert isinstance(message.content, types.TextContent)
+    shown = [text.text, decoded, message.content.text, prompt.description or ""]
+    for value in shown:
+        assert github_pat not in value and aws_id not in value, value
+        assert value.count(MARK) == 2, value
+    # Logged as what each source returned: 2 secrets in each of the two contents, and in
+    # the prompt's message and its description.
+    with Harness(sandbox="none", home=home, gc_interval=-1) as harness:
+        entries = [e for e in harness.catalog.audit(TASK) if e.action == "redact"]
+    replaced = {e.actor: json.loads(e.detail)["replaced"] for e in entries}
+    assert replaced == {"resources/read toy://config": 4, "prompts/get configure": 4}
+
+
+async def test_without_redaction_resources_and_prompts_pass_as_they_came(home: Path) -> None:
+    read, prompt = await read_and_prompt(home, "--ttl", "1h")
+    assert github_pat in read.contents[0].text
+    assert github_pat in base64.b64decode(read.contents[1].blob).decode()
+    assert github_pat in prompt.messages[0].content.text

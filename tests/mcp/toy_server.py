@@ -14,6 +14,7 @@ shape (`result` answers the CallToolResult it is given). The MCP benchmark
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -86,6 +87,9 @@ def main() -> None:
     parser.add_argument("--cancelled", type=Path)
     parser.add_argument("--pinged", type=Path)
     parser.add_argument("--output-schema", type=json.loads)
+    parser.add_argument(
+        "--resource-text", help="serve one resource (as text and as a blob) and one prompt of it"
+    )
     options = parser.parse_args()
     tools = [
         tool.model_copy(update={"output_schema": options.output_schema})
@@ -147,8 +151,47 @@ def main() -> None:
                 pinged.write("ping\n")
         return types.EmptyResult()
 
+    text = options.resource_text
+
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(
+            resources=[types.Resource(uri="toy://config", name="config")]
+        )
+
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        blob = base64.b64encode(text.encode()).decode()
+        return types.ReadResourceResult(
+            contents=[
+                types.TextResourceContents(uri=params.uri, text=text),
+                types.BlobResourceContents(uri=params.uri, blob=blob, mime_type="text/plain"),
+            ]
+        )
+
+    async def list_prompts(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[types.Prompt(name="configure")])
+
+    async def get_prompt(
+        ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        message = types.PromptMessage(role="user", content=types.TextContent(text=text))
+        return types.GetPromptResult(description=f"about {text}", messages=[message])
+
+    served: dict[str, Any] = {}
+    if text is not None:
+        served = {
+            "on_list_resources": list_resources,
+            "on_read_resource": read_resource,
+            "on_list_prompts": list_prompts,
+            "on_get_prompt": get_prompt,
+        }
     server: Server[Any] = Server(
-        "toy", on_list_tools=list_tools, on_call_tool=call_tool, on_ping=ping
+        "toy", on_list_tools=list_tools, on_call_tool=call_tool, on_ping=ping, **served
     )
 
     async def serve() -> None:

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ValidationError
 
 from spillbox.mcp.links import artifact_uri, parse_uri, resource, resource_link
 from spillbox.mcp.local import LocalTools, as_call_result, gate_view
-from spillbox.mcp.results import gated, tool_result
+from spillbox.mcp.results import ResultT, gated, redacted_passed, tool_result
 from spillbox.mcp.step import STEP_BOUND_SECONDS, Steps
 from spillbox.mcp.transport import stdio
 from spillbox.mcp.upstream import (
@@ -327,7 +327,8 @@ class Proxy:
             if self.upstream is None:
                 raise MCPError(types.INVALID_PARAMS, f"unknown resource {params.uri}")
             request = types.ReadResourceRequest(params=params)
-            return await self.upstream.request(request, types.ReadResourceResult, _progress(ctx))
+            read = await self.upstream.request(request, types.ReadResourceResult, _progress(ctx))
+            return self._redacted(read, f"resources/read {params.uri}")
         task_id, artifact_id, query = parsed
         if task_id != self.task.id:
             raise MCPError(
@@ -389,9 +390,26 @@ class Proxy:
     ) -> Callable[[Ctx, Any], Awaitable[Any]]:
         async def handler(ctx: Ctx, params: Any) -> Any:
             assert self.upstream is not None
-            return await self.upstream.request(request(params=params), result, _progress(ctx))
+            answer = await self.upstream.request(request(params=params), result, _progress(ctx))
+            if isinstance(answer, types.GetPromptResult):  # a prompt's messages go to the model
+                return self._redacted(answer, f"prompts/get {params.name}")
+            return answer
 
         return handler
+
+    def _redacted(self, result: ResultT, source: str) -> ResultT:
+        """An upstream's result that reaches the model around the gate, redacted under a
+        redacting policy (each replacement logged as what source returned)."""
+        if not self.task.retention.redact:
+            return result
+        try:
+            return redacted_passed(result, lambda text: self.task.redacted(text, source))
+        except (ValueError, ValidationError) as e:
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"{source}: its redacted form does not read back ({e}); nothing of it is "
+                "passed on under this task's redacting policy",
+            ) from None
 
     async def _ping(self, ctx: Ctx, params: types.RequestParams) -> types.EmptyResult:
         """The client's ping goes to the upstream while there is one, so that it answers

@@ -35,8 +35,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
 
 import mcp_types as types
 from pydantic import BaseModel
@@ -114,27 +114,63 @@ def _media(result: types.CallToolResult) -> set[str]:
 
 
 def _resource(block: types.EmbeddedResource) -> dict[str, Any]:
-    """An embedded resource as the wire has it, but a blob of UTF-8 text as that text (under
-    BLOB_TEXT), so that its secrets can be found and it is counted as the text it is."""
-    dumped = _dump(block)
-    contents = dumped["resource"]
-    if "blob" in contents:
-        try:
-            text = base64.b64decode(contents["blob"], validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            return dumped  # binary: counted as its base64
-        del contents["blob"]
-        contents[BLOB_TEXT] = text
-    return dumped
+    """An embedded resource as the wire has it, but a blob of UTF-8 text as that text."""
+    shown: dict[str, Any] = _blobs_as_text(_dump(block))
+    return shown
 
 
 def _embedded(shown: Any) -> types.EmbeddedResource:
     """The embedded resource _resource showed as shown."""
-    contents = shown["resource"]
-    if BLOB_TEXT in contents:
-        blob = base64.b64encode(contents.pop(BLOB_TEXT).encode("utf-8")).decode("ascii")
-        contents["blob"] = blob
-    return types.EmbeddedResource.model_validate(shown)
+    return types.EmbeddedResource.model_validate(_texts_as_blobs(shown))
+
+
+def _blobs_as_text(value: Any) -> Any:
+    """value (a dumped message) with every blob of UTF-8 text as that text, under BLOB_TEXT,
+    so that its secrets can be found and it is counted as the text it is (a binary blob
+    stays, counted as its base64)."""
+    if isinstance(value, list):
+        return [_blobs_as_text(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    shown = {key: _blobs_as_text(item) for key, item in value.items()}
+    blob = shown.get("blob")
+    if isinstance(blob, str):
+        try:
+            text = base64.b64decode(blob, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return shown
+        del shown["blob"]
+        shown[BLOB_TEXT] = text
+    return shown
+
+
+def _texts_as_blobs(shown: Any) -> Any:
+    """What _blobs_as_text showed, its blobs base64 again."""
+    if isinstance(shown, list):
+        return [_texts_as_blobs(item) for item in shown]
+    if not isinstance(shown, dict):
+        return shown
+    value = {key: _texts_as_blobs(item) for key, item in shown.items()}
+    if isinstance(value.get(BLOB_TEXT), str):
+        value["blob"] = base64.b64encode(value.pop(BLOB_TEXT).encode("utf-8")).decode("ascii")
+    return value
+
+
+ResultT = TypeVar("ResultT", bound=BaseModel)
+
+
+def redacted_passed(result: ResultT, redacted: Callable[[str], str]) -> ResultT:
+    """A result the proxy passes on around the gate (an upstream's resources/read or
+    prompts/get) with every string in it as redacted gives it (the task's redaction, which
+    logs what it replaced), read as a JSON parser reads it, blobs of UTF-8 text as that
+    text; result itself where nothing was replaced. A ValueError (or ValidationError) where
+    the redacted result does not read back: then nothing of it may reach the client."""
+    shown = _blobs_as_text(_dump(result))
+    text = json.dumps(shown, ensure_ascii=False)
+    after = redacted(text)
+    if after == text:
+        return result
+    return type(result).model_validate(_texts_as_blobs(json.loads(after)))
 
 
 def _dump(block: BaseModel) -> dict[str, Any]:
