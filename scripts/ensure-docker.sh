@@ -39,7 +39,15 @@ path.write_text(json.dumps(config, indent=2) + "\n")
 PY
 }
 
-if ! pgrep -x dockerd >/dev/null; then
+# The default engine is the dockerd whose pid file is /var/run/docker.pid: another dockerd
+# (one on a socket and data root of its own) is not it, and must not stop us starting it.
+default_engine_runs() {
+    local pid
+    pid=$(cat /var/run/docker.pid 2>/dev/null) || return 1
+    [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ]
+}
+
+if ! default_engine_runs; then
     register_gvisor
     # A dockerd killed without cleanup leaves its pid file behind and refuses to start.
     rm -f /var/run/docker.pid
