@@ -1,6 +1,10 @@
 """Attacks on what the host parses of a sandbox's answers (issue 21 item 8): a script runs as
-the fork server's uid, so it can kill the server and answer in its place. A malformed
-answer gives that call an error result naming it; the loop goes on.
+the fork server's uid, so it can kill the server and listen in its place with a malformed
+answer ready. The relay hands a script only to a fork server Docker started (its
+credentials, checked by the kernel), so the impostor never gets a call: the call is
+answered by a real server, exactly, and the loop goes on. Were a malformed answer to reach
+the host all the same, it is that call's error result: the parser's own tests
+(tests/test_identity_attacks.py) give it each answer below.
 
 Each test runs under runc and under gVisor (runsc), as tests/sandbox/test_attacks.py does.
 """
@@ -88,20 +92,19 @@ ANSWERS = [  # the relay sets oom_killed and outputs itself: the fake server's e
 
 
 @pytest.mark.parametrize("answer", ANSWERS, ids=[a.decode() for a in ANSWERS])
-def test_a_replaced_fork_servers_malformed_end_is_the_calls_error_result(
+def test_a_fork_server_impostors_malformed_end_never_reaches_the_host(
     task: Task, answer: bytes
 ) -> None:
     replace_fork_server(task, answer)
     args = {"lang": "sh", "code": "echo hi", "artifact": None, "timeout": 10}
     output = Toolset(task).call("sandbox_exec", {**args, "session": None, "reset_session": None})
-    assert output.is_error
-    error = json.loads(output.text)["error"]
-    assert "the sandbox's answer was malformed (the fork server's end of a script" in error
-    # A query does not go through the fork server: the task still answers.
+    assert not output.is_error, output.text
+    body = json.loads(output.text)
+    assert (body["exit_code"], body["output"]) == (0, "hi\n"), body
     assert task.exec("sql", "SELECT 42 AS answer").text.strip().endswith("42")
 
 
-def test_the_loop_runs_on_past_a_fork_server_answering_1e999(task: Task) -> None:
+def test_the_loop_runs_on_past_a_fork_server_impostor_answering_1e999(task: Task) -> None:
     replace_fork_server(task, b'{"exit_code": 1e999}')
     call = ToolCall(
         "c1",
@@ -117,5 +120,4 @@ def test_the_loop_runs_on_past_a_fork_server_answering_1e999(task: Task) -> None
     result = run(task, ScriptedModel(script), "go")
     assert result.answer == "done"
     [admitted] = result.steps[0].admitted
-    assert admitted.is_error
-    assert "the sandbox's answer was malformed" in admitted.text
+    assert not admitted.is_error and json.loads(admitted.text)["output"] == "1\n", admitted.text
