@@ -52,6 +52,7 @@ import struct
 import sys
 import time
 
+import noipc
 import takeout
 
 SCRIPT_UID = 10001
@@ -222,6 +223,7 @@ def serve() -> None:
     # Not dumpable: no process of the script uid can trace this server or a spare, nor
     # open their memory or descriptors in /proc.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    noipc.install()  # no script makes an IPC object that a deletion cannot reach
     takeout.configure_matplotlib()
     # What scripts write (into /sandbox/outputs too) is for the group: the engine uid, which
     # takes the output files, reads and removes them.

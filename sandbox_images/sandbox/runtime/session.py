@@ -51,6 +51,7 @@ import time
 from typing import Any
 
 # Beside this file, as the relay is run (python3 -S):
+import noipc
 import takeout
 from forkserver import oom_count, print_error
 
@@ -87,6 +88,7 @@ def relay(mode: str, timeout: float) -> int:
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    noipc.install()  # nor a cell, through the session this relay starts
     request = json.loads(sys.stdin.buffer.readline())
     before = oom_count()
     try:

@@ -416,7 +416,8 @@ class DockerBackend(SandboxBackend):
                 RUN_MOUNT: f"rw,noexec,nosuid,nodev,size={RUN_SIZE},{run}",
             },
             # System V IPC objects and POSIX message queues outlive every process that made
-            # them, in no folder a deletion can walk: none can be made. (gVisor ignores these.)
+            # them, in no folder a deletion can walk: none can be made. (gVisor ignores these:
+            # the fork server and the session relay refuse the calls too, noipc.py.)
             "sysctls": NO_IPC,
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
             "ipc_mode": "private",
