@@ -117,8 +117,11 @@ def test_a_script_that_kills_the_fork_server_ends_and_the_next_one_runs(task: Ta
     result = task.exec(
         "python", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('done')"
     )
-    assert result.text == "done\n"
-    assert result.exit_code == 137 and not result.timed_out
+    # It prints before a new server starts, or that server kills it first (a new server
+    # ends every other process of the scripts' uid, since one may pose as the server):
+    # which, depends on timing and the machine's load. Either way it ends, and is killed.
+    assert result.text in ("done\n", ""), f"{result.text!r} (timing and load decide which)"
+    assert result.exit_code == 137 and not result.timed_out, result
     after = task.exec("python", "print('alive')")
     assert (after.exit_code, after.text) == (0, "alive\n"), after.stderr
     assert task.exec("sh", "echo alive").text == "alive\n"
