@@ -3,15 +3,32 @@
 # (and, for the tests, PostgreSQL's server binaries: the catalog's tests start a server).
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The `claude` CLI that spillbox.integrations.claude_agent's tests and example drive, pinned,
+# in a folder of the checkout's own (never a global install).
+CLAUDE_CODE := @anthropic-ai/claude-code@2.1.332
+CLAUDE_DIR := .tools/claude-code
 
-.PHONY: install docker postgres image demo test lint bench clean
+.PHONY: core install docker postgres image demo test lint bench clean
 
-install: $(VENV)/.installed
+# The demo and the image need spillbox alone; the tests need the dev extra (the frameworks,
+# Ray, the linters) and the claude CLI, most of the install's time.
+core: $(VENV)/.core
 
-$(VENV)/.installed: pyproject.toml
+install: $(VENV)/.installed $(CLAUDE_DIR)/.installed
+
+$(VENV)/.core: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.core
 	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+$(CLAUDE_DIR)/.installed: Makefile
+	npm install --prefix $(CLAUDE_DIR) --no-save --no-fund --no-audit --loglevel=error $(CLAUDE_CODE)
+	$(CLAUDE_DIR)/node_modules/.bin/claude --version
 	touch $@
 
 docker:
@@ -20,7 +37,7 @@ docker:
 postgres:
 	scripts/ensure-postgres.sh
 
-image: install docker
+image: core docker
 	$(BIN)/spillbox image build
 
 demo: image
@@ -32,10 +49,11 @@ lint: install
 	$(BIN)/mypy
 
 test: lint image postgres
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not serial"
+	$(BIN)/pytest -m serial -n 0
 
-bench: image
+bench: install image
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CLAUDE_DIR)

@@ -12,23 +12,36 @@ sides are driven by the SDK's ClientSession over stdio, so the floor is the SDK'
   parsed, gated, stored, and the notice returned); the SDK's own client, calling the
   server directly, is shown too;
 - memory: a fresh proxy's peak RSS (VmHWM) over one 100 MB result, against the payload's
-  size, and what the call added to the RSS it had before.
+  size, and what the call added to the RSS it had before; and a proxy's RSS at idle
+  (initialized, its tools listed, no call yet);
+- beside PyPI's mcp-proxy (the most used Python MCP proxy), in front of the same upstream
+  and driven by the same SDK client over streamable HTTP: the echo call's median through
+  each, against the direct stdio call, and each one's RSS at idle. mcp-proxy 0.13 needs
+  mcp<2, so it lives in a venv of its own: name its executable in SPILLBOX_BENCH_MCP_PROXY
+  (python -m venv V && V/bin/pip install mcp-proxy==0.13.0); without it, spillbox alone.
 
-Target (issue 10, item 7): the median added to a small call under 2 ms.
+Targets: the median added to a small call under 2 ms over stdio (issue 10, item 7); over
+streamable HTTP at most what mcp-proxy adds, idle RSS at most 80 MiB, and a 100 MB
+result's peak RSS growth at most 2x its size (issue 24, items 6 and 8).
 
-    python benchmarks/mcp_bench.py           # full run, about a minute
+    python benchmarks/mcp_bench.py           # full run, a few minutes
     python benchmarks/mcp_bench.py --quick   # a smoke run: fewer calls, 4 MB and 10 MB
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +50,7 @@ import mcp_types as types
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_MODERN_VERSION
 
 from common import MB, Target, bench_main
@@ -56,6 +70,11 @@ LARGE_RUNS = 3
 MEMORY_BYTES = 100 * MB
 QUICK_MEMORY_BYTES = 10 * MB
 ADDED_MS_MAX = 2.0
+IDLE_MIB_MAX = 80
+GROWTH_MAX = 2.0
+START_TIMEOUT = "120"
+"""The upstream's start timeout given to both proxies: load room on a shared machine."""
+MCP_PROXY = os.environ.get("SPILLBOX_BENCH_MCP_PROXY")
 
 
 def _direct() -> StdioServerParameters:
@@ -63,10 +82,17 @@ def _direct() -> StdioServerParameters:
 
 
 def _proxied(home: str) -> StdioServerParameters:
-    args = ["mcp", "proxy", "--home", home, "--sandbox", "none", "--keep-after-close", "0"]
+    args = ["mcp", "proxy", *_spillbox_flags(home)]
     return StdioServerParameters(
         command=str(SPILLBOX), args=[*args, "--", sys.executable, str(SERVER)]
     )
+
+
+def _spillbox_flags(home: str) -> list[str]:
+    return [
+        *("--home", home, "--sandbox", "none", "--keep-after-close", "0"),
+        *("--upstream-start-timeout", START_TIMEOUT),
+    ]
 
 
 @asynccontextmanager
@@ -179,11 +205,115 @@ async def _memory(home: str, size: int) -> dict[str, Any]:
     """A fresh proxy's RSS before one result of size bytes and its peak after."""
     async with _session(_proxied(home)) as proxy:
         pid = _proxy_pid()
+        await proxy.list_tools()
+        idle = _status_kb(pid, "VmRSS")
         await _timed_call(proxy, "echo", {"text": SMALL_TEXT})
         before = _status_kb(pid, "VmRSS")
         await _timed_call(proxy, "blob", {"size": size})
         peak = _status_kb(pid, "VmHWM")
-    return {"bytes": size, "rss_before": before * 1024, "peak": peak * 1024}
+    return {"bytes": size, "idle": idle * 1024, "rss_before": before * 1024, "peak": peak * 1024}
+
+
+@asynccontextmanager
+async def _over_http(url: str) -> AsyncIterator[Any]:
+    async with (
+        streamable_http_client(url) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def _serving(command: list[str], url: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """A proxy serving streamable HTTP, started; its URL (url, or the one spillbox prints
+    on its first stderr line). Its stderr is read on, so that it never blocks."""
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    stderr = server.stderr
+    if url is None:
+        found = re.search(r"http://\S+/mcp", stderr.readline())
+        assert found, "spillbox printed no URL"
+        url = found.group(0)
+    threading.Thread(target=stderr.read, daemon=True).start()
+    return server, url
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _answering(url: str) -> None:
+    """Wait (at most a minute: load room) until a server accepts connections at url."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    for _ in range(600):
+        try:
+            stream = await anyio.connect_tcp(host, int(port))
+        except OSError:
+            await anyio.sleep(0.1)
+            continue
+        await stream.aclose()
+        return
+    raise RuntimeError(f"nothing answers at {url}")
+
+
+def _http_proxies(home: str) -> list[tuple[str, list[str], str | None]]:
+    """(name, command, URL or None: printed) of each proxy measured over HTTP."""
+    upstream = [sys.executable, str(SERVER)]
+    listen = ["--listen", "127.0.0.1:0"]
+    proxies: list[tuple[str, list[str], str | None]] = [
+        (
+            "spillbox",
+            [str(SPILLBOX), "mcp", "proxy", *_spillbox_flags(home), *listen, "--", *upstream],
+            None,
+        )
+    ]
+    if MCP_PROXY:
+        port = _free_port()
+        command = [MCP_PROXY, "--host", "127.0.0.1", "--port", str(port), "--", *upstream]
+        proxies.append(("mcp-proxy", command, f"http://127.0.0.1:{port}/mcp"))
+    return proxies
+
+
+async def _http(home: str, calls: int) -> dict[str, Any]:
+    """The echo call over streamable HTTP through each proxy and directly over stdio, in
+    rotation (load moves all alike); each proxy's RSS at idle, after initialize."""
+    args = {"text": SMALL_TEXT}
+    results: dict[str, Any] = {}
+    started = [(name, *_serving(command, url)) for name, command, url in _http_proxies(home)]
+    try:
+        for _, _, url in started:
+            await _answering(url)
+        async with AsyncExitStack() as stack:
+            direct = await stack.enter_async_context(_session(_direct()))
+            sessions = [await stack.enter_async_context(_over_http(url)) for _, _, url in started]
+            for (name, server, _), session in zip(started, sessions, strict=True):
+                await session.list_tools()
+                results[name] = {"idle": _status_kb(server.pid, "VmRSS") * 1024, "times": []}
+            times: list[float] = []
+            for n in range(WARMUP_CALLS + calls):
+                took = await _timed_call(direct, "echo", args)
+                if n >= WARMUP_CALLS:
+                    times.append(took)
+                for (name, _, _), session in zip(started, sessions, strict=True):
+                    took = await _timed_call(session, "echo", args)
+                    if n >= WARMUP_CALLS:
+                        results[name]["times"].append(took)
+    finally:
+        for _, server, _ in started:
+            server.terminate()
+            server.wait(timeout=60)
+    direct_ms = _ms(times, _median)
+    return {
+        "calls": calls,
+        "direct_median_ms": direct_ms,
+        "proxies": {
+            name: {"idle": r["idle"], "median_ms": _ms(r["times"], _median)}
+            for name, r in results.items()
+        },
+    }
 
 
 def _proxy_pid() -> int:
@@ -214,6 +344,7 @@ async def _run(quick: bool) -> dict[str, Any]:
             ),
             "large": await _large(home, QUICK_LARGE_BYTES if quick else LARGE_BYTES),
             "memory": await _memory(home, QUICK_MEMORY_BYTES if quick else MEMORY_BYTES),
+            "http": await _http(home, QUICK_SMALL_CALLS if quick else SMALL_CALLS),
         }
 
 
@@ -260,9 +391,31 @@ def markdown(results: dict[str, Any]) -> str:
             f"{memory['peak'] / MB:.0f} MB, {memory['peak'] / memory['bytes']:.2f}x the "
             f"payload; the call added {(memory['peak'] - memory['rss_before']) / MB:.0f} MB "
             f"({(memory['peak'] - memory['rss_before']) / memory['bytes']:.2f}x the payload) "
-            f"to the {memory['rss_before'] / MB:.0f} MB it held before.",
+            f"to the {memory['rss_before'] / MB:.0f} MB it held before; at idle it held "
+            f"{memory['idle'] / MB:.0f} MiB.",
+            "",
+            *_http_markdown(results["http"]),
         ]
     )
+
+
+def _http_markdown(http: dict[str, Any]) -> list[str]:
+    direct = http["direct_median_ms"]
+    lines = [
+        f"Over streamable HTTP, median of {http['calls']} echo calls (direct over stdio: "
+        f"{direct:.2f} ms):",
+        "",
+        "| proxy | median (ms) | added (ms) | idle RSS (MiB) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, measured in http["proxies"].items():
+        added = measured["median_ms"] - direct
+        lines.append(
+            f"| {name} | {measured['median_ms']:.2f} | {added:.2f} | {measured['idle'] / MB:.0f} |"
+        )
+    if "mcp-proxy" not in http["proxies"]:
+        lines += ["", "mcp-proxy was not measured: set SPILLBOX_BENCH_MCP_PROXY."]
+    return lines
 
 
 def targets(results: dict[str, Any]) -> list[Target]:
@@ -275,8 +428,46 @@ def targets(results: dict[str, Any]) -> list[Target]:
             measured=f"{added:.2f} ms added: {small['proxy_median_ms']:.2f} ms against "
             f"{small['direct_median_ms']:.2f} ms direct, ratio "
             f"{small['proxy_median_ms'] / small['direct_median_ms']:.2f}",
-        )
+        ),
+        _growth_target(results["memory"]),
+        _idle_target(results["memory"]),
+        _http_target(results["http"]),
     ]
+
+
+def _growth_target(memory: dict[str, Any]) -> Target:
+    growth = (memory["peak"] - memory["rss_before"]) / memory["bytes"]
+    return Target(
+        goal=f"a large result grows the proxy's peak RSS at most {GROWTH_MAX:g}x its size",
+        met=growth <= GROWTH_MAX if memory["bytes"] == MEMORY_BYTES else None,
+        measured=f"{growth:.2f}x over one {memory['bytes'] // MB} MB result",
+    )
+
+
+def _idle_target(memory: dict[str, Any]) -> Target:
+    idle = memory["idle"] / MB
+    return Target(
+        goal=f"the proxy idles at most at {IDLE_MIB_MAX} MiB RSS",
+        met=idle <= IDLE_MIB_MAX,
+        measured=f"{idle:.0f} MiB, {idle / IDLE_MIB_MAX:.2f}x the target",
+    )
+
+
+def _http_target(http: dict[str, Any]) -> Target:
+    direct, proxies = http["direct_median_ms"], http["proxies"]
+    ours = proxies["spillbox"]["median_ms"] - direct
+    if "mcp-proxy" not in proxies:
+        return Target(
+            goal="over streamable HTTP spillbox adds at most what mcp-proxy adds",
+            met=None,
+            measured=f"{ours:.2f} ms added; mcp-proxy not measured",
+        )
+    theirs = proxies["mcp-proxy"]["median_ms"] - direct
+    return Target(
+        goal="over streamable HTTP spillbox adds at most what mcp-proxy adds",
+        met=ours <= theirs,
+        measured=f"{ours / theirs:.2f}x: {ours:.2f} ms added against mcp-proxy's {theirs:.2f}",
+    )
 
 
 if __name__ == "__main__":

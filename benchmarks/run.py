@@ -19,7 +19,10 @@ from pathlib import Path
 import budget_bench
 import common
 import gate_bench
+import history_bench
+import integrations_bench
 import mcp_bench
+import ray_bench
 import sandbox_bench
 import startup_bench
 
@@ -35,7 +38,10 @@ def report(quick: bool) -> str:
     sandbox = sandbox_bench.run(quick)
     mcp = mcp_bench.run(quick)
     budget = budget_bench.run(quick)
+    history = history_bench.run(quick)
     startup = startup_bench.run(quick)
+    integrations = integrations_bench.run(quick)
+    cluster = ray_bench.run(quick)
     load_start, load_end = machine["load average (1 / 5 / 15 min)"], common.load_average()
     cores = machine["cores"]
     kind = "a quick smoke run (smaller inputs, fewer repetitions)" if quick else "a full run"
@@ -62,8 +68,9 @@ def report(quick: bool) -> str:
             "python benchmarks/run.py          # the same, with spillbox installed",
             "python benchmarks/run.py --quick  # a smoke run: prints, leaves this file alone",
             "python benchmarks/gate_bench.py   # one bench alone (also sandbox_bench.py,",
-            "                                  # mcp_bench.py, budget_bench.py,",
-            "                                  # startup_bench.py)",
+            "                                  # mcp_bench.py, budget_bench.py, history_bench.py,",
+            "                                  # startup_bench.py, integrations_bench.py,",
+            "                                  # ray_bench.py)",
             "```",
             "",
             "## Gate: decide and store against a full count",
@@ -93,12 +100,35 @@ def report(quick: bool) -> str:
             "",
             budget_bench.markdown(budget),
             "",
+            "## History: a recorded session on disk",
+            "",
+            "A session run with record_turns=True and the fallback compactor (sandbox "
+            '"none"), its history appended to once per step and per archive: the bytes its '
+            "history files hold against the history a reader gets back.",
+            "",
+            history_bench.markdown(history),
+            "",
             "## Start-up: a fresh process",
             "",
             "The command line and `import spillbox` in a new interpreter each, against the "
             "same interpreter doing nothing.",
             "",
             startup_bench.markdown(startup),
+            "",
+            "## Framework integrations: a small inline tool call",
+            "",
+            "Each framework's own tool-calling path with a small tool (left inline), without "
+            "spillbox and with its integration, driven by an offline model (the Claude Agent "
+            "SDK's CLI by a local fake Messages API).",
+            "",
+            integrations_bench.markdown(integrations),
+            "",
+            "## Ray cluster: a head and two more nodes on this machine",
+            "",
+            "spillbox hosts on a local three-node Ray cluster (tests/ray_cluster.py), the "
+            "catalog on Postgres, against one machine with no cluster.",
+            "",
+            ray_bench.markdown(cluster),
             "",
             "## Targets",
             "",
@@ -107,7 +137,10 @@ def report(quick: bool) -> str:
                 + sandbox_bench.targets(sandbox)
                 + mcp_bench.targets(mcp)
                 + budget_bench.targets(budget)
+                + history_bench.targets(history)
                 + startup_bench.targets(startup)
+                + integrations_bench.targets(integrations)
+                + ray_bench.targets(cluster)
             ),
             "",
             f"Measured under a load average of {load_start} (start) and {load_end} (end) on "

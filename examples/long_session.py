@@ -105,16 +105,16 @@ def session(harness: Harness, name: str, model: str) -> None:
         )
         for step, report in enumerate(result.reports):
             print(f"step {step:2d}: {report}")
-        copies = [a for a in task.artifacts() if a.tool == HISTORY_TOOL]
-        lines = task.read(HISTORY_REF).count(b"\n") if copies else 0
+        kept = [a for a in task.artifacts() if a.tool == HISTORY_TOOL]
+        lines = task.read(HISTORY_REF).count(b"\n") if kept else 0
         highest = max(r.input_tokens for r in result.reports)
         print(
             f"answer: {result.answer}\n"
             f"{len(result.steps)} tool steps; the largest request {highest:,} tokens of the "
             f"{budget.input_limit:,} the window leaves after the output reserve; "
             f"{first_compaction(result)}; {len(task.artifacts())} artifacts in the task "
-            f"(the task's history: {lines} turns in its newest copy, {len(copies)} copies "
-            "under retention), all readable with read_artifact\n"
+            f"(the task's history: {lines} turns in {len(kept)} artifact, appended to in "
+            "place), all readable with read_artifact\n"
         )
 
 

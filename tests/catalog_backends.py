@@ -18,10 +18,15 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from spillbox.catalog import Catalog
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -40,7 +45,7 @@ class PostgresServer:
             conn.execute(sql)  # type: ignore[arg-type]
 
 
-def _binaries() -> Path | None:
+def binaries_found() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), reverse=True)
     if found:
         return Path(found[0]).parent
@@ -54,12 +59,26 @@ def _as_server_user(argv: list[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    binaries = _binaries()
+    binaries = binaries_found()
     if binaries is None:
         message = "PostgreSQL is not installed: run scripts/ensure-postgres.sh (make test does)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+    try:
+        with running_postgres(binaries) as server:
+            yield server
+    except PostgresDidNotStart as e:
+        pytest.fail(str(e))
+
+
+class PostgresDidNotStart(RuntimeError):
+    pass
+
+
+@contextmanager
+def running_postgres(binaries: Path) -> Iterator[PostgresServer]:
+    """A throwaway server in a temp folder (the tests' and the benchmarks')."""
     root = Path(tempfile.mkdtemp(prefix="spillbox-pg-"))
     root.chmod(0o755)
     if os.geteuid() == 0:
@@ -87,7 +106,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     if started.returncode != 0:
         said = log.read_text() if log.exists() else started.stderr
         shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"PostgreSQL did not start: {said[-2000:]}")
+        raise PostgresDidNotStart(f"PostgreSQL did not start: {said[-2000:]}")
     try:
         yield PostgresServer(root)
     finally:
@@ -115,6 +134,16 @@ def catalog_url(request: pytest.FixtureRequest) -> str | None:
         return None
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+@pytest.fixture
+def catalog(home: Path, catalog_url: str | None) -> Iterator[Catalog]:
+    """A Catalog in the test's home, on each backend catalog_url gives."""
+    from spillbox.catalog import Catalog
+
+    opened = Catalog(home, url=catalog_url)
+    yield opened
+    opened.close()
 
 
 def run_at_once(commands: list[list[str]], timeout: float = 120) -> list[tuple[int, str, str]]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from catalog_backends import (  # noqa: F401
+    catalog,
     catalog_url,
     harness_catalog,
     postgres_server,
@@ -21,6 +22,30 @@ from catalog_backends import (  # noqa: F401
 )
 
 TEST_LABEL = "spillbox.test"
+
+# The suite's harnesses (and the harness processes tests start, which inherit this) keep no
+# warm pool: a pool fills from a harness's first task, so each would start containers that
+# its test never uses. The sandbox tests' `task` fixtures take theirs from one (pooled_task);
+# tests/sandbox/test_pool.py sets the pool it tests on its harnesses.
+os.environ.setdefault("SPILLBOX_POOL_SIZE", "0")
+
+POOL_FILL_SECONDS = 300.0
+"""How long a test waits for a pool slot (a slot starts a fork server and a session)."""
+
+
+def pooled_task(harness: Any, task_id: str, **kwargs: Any) -> Any:
+    """harness.task(task_id), given a ready slot of the harness's warm pool: the path users
+    get by default. The pool keeps one slot for this task, then none, so the harness starts
+    no container that no test uses; its other tasks start their own (the cold path)."""
+    from spillbox.sandbox.docker.pool import RECORD_FILE
+
+    pool = harness.backend.pool
+    pool.resize(1)
+    assert pool.fill(POOL_FILL_SECONDS), "the warm pool did not fill"
+    task = harness.task(task_id, **kwargs)
+    pool.resize(0)
+    assert (task.storage.root / RECORD_FILE).exists(), "the task did not adopt the slot"
+    return task
 
 
 def _docker_client():  # type: ignore[no-untyped-def]

@@ -62,12 +62,29 @@ def _sql(catalog: Catalog, statement: str) -> list[tuple[object, ...]]:
 def test_migrations_are_recorded_in_the_database(home: Path, catalog_url: str | None) -> None:
     catalog = Catalog(home, url=catalog_url)
     assert catalog.migrated
-    assert catalog.revision() == migrate.head() == "0005"
+    assert catalog.revision() == migrate.head() == "0008"
     assert _sql(catalog, "SELECT version_num FROM alembic_version") == [(migrate.head(),)]
     catalog.close()
     if catalog_url is None:
         with sqlite3.connect(home / CATALOG_FILE) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_newest_migration_file_is_alembics_head() -> None:
+    assert migrate.newest_file() == migrate.head()
+
+
+def test_a_catalog_at_the_newest_revision_opens_without_alembic(home: Path) -> None:
+    Catalog(home).close()  # made and migrated here
+    script = (
+        "import sys; from pathlib import Path; from spillbox.catalog import Catalog\n"
+        f"c = Catalog(Path({str(home)!r})); assert not c.migrated; c.close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_migrated_schema_is_the_one_the_queries_use(

@@ -7,6 +7,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -193,14 +194,19 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     assert out == f"spillbox {importlib.metadata.version('spillbox')}\n"
 
 
-def test_the_installed_command_prints_the_version_of_pyproject() -> None:
+def test_the_installed_command_prints_the_version_the_package_is_built_with() -> None:
     spillbox = Path(sys.executable).with_name("spillbox")
     done = subprocess.run(
         [str(spillbox), "--version"], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert done.stdout == f"spillbox {project['version']}\n"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["dynamic"] == ["version"]
+    source = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert source == "spillbox._version.__version__"
+    written = (ROOT / "runtime" / "spillbox" / "_version.py").read_text()
+    [version] = re.findall(r'^__version__ = "([^"]+)"$', written, re.M)
+    assert done.stdout == f"spillbox {version}\n"
 
 
 def first_try(help_text: str) -> list[list[str]]:

@@ -31,7 +31,7 @@ from spillbox.catalog import CATALOG_FILE, Catalog
 from spillbox.errors import ExecError
 from spillbox.loop import ScriptedModel, ToolCall, Turn, run
 from spillbox.sandbox.docker import DockerBackend
-from spillbox.sandbox.docker.answers import engine_answer, fork_server_end
+from spillbox.sandbox.docker.answers import engine_answer, runner_end
 from spillbox.sandbox.storage import (
     ESCAPE_MARK,
     TASK_ID_FILE,
@@ -343,16 +343,27 @@ def test_a_task_id_with_a_lone_surrogate_is_a_clear_error(harness: Harness) -> N
         b'{"exit_code": ' + b"9" * 5000 + b"}",
     ],
 )
-def test_a_malformed_fork_server_end_is_an_exec_error(answer: bytes) -> None:
+def test_a_malformed_runner_end_is_an_exec_error(answer: bytes) -> None:
     with pytest.raises(ExecError, match="the sandbox's answer was malformed") as e:
-        fork_server_end(answer)
+        runner_end(answer, "n1")
     assert "\n" not in str(e.value)
 
 
-def test_a_well_formed_fork_server_end_is_read() -> None:
-    end = fork_server_end(b'{"exit_code": 137, "oom_killed": true, "outputs": true}')
+def test_a_well_formed_runner_end_is_read() -> None:
+    end = runner_end(
+        b'{"exit_code": 137, "oom_killed": true, "outputs": true, "nonce": "n1"}', "n1"
+    )
     assert (end.exit_code, end.oom_killed, end.outputs) == (137, True, True)
-    assert fork_server_end(b'{"exit_code": 0, "oom_killed": false}').outputs is False
+    assert (
+        runner_end(b'{"exit_code": 0, "oom_killed": false, "nonce": "n1"}', "n1").outputs is False
+    )
+
+
+def test_an_end_with_another_calls_nonce_is_an_exec_error() -> None:
+    for nonce in (b'"n2"', b"null", b"1"):
+        answer = b'{"exit_code": 0, "oom_killed": false, "nonce": ' + nonce + b"}"
+        with pytest.raises(ExecError, match="not this call's end"):
+            runner_end(answer, "n1")
 
 
 @pytest.mark.parametrize(

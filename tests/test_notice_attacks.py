@@ -96,7 +96,9 @@ def test_a_key_of_100000_characters_keeps_the_notice_within_its_bound() -> None:
         fields = check(*notice_of(wrapped(key)))
         assert json.loads(fields["keys"])[1].endswith("…")
         assert fields["records"].endswith('…"], 10 objects') or "\\u2026" in fields["records"]
-        assert "hint" not in fields  # no hint of the whole key fits; none of part of it runs
+        # No hint over the records fits (one of part of the key would not run): the
+        # object's own table, described.
+        assert fields["hint"] == 'sql: DESCRIBE "c1"'
 
 
 def test_a_key_holding_newlines_forges_no_field_and_keeps_its_hints() -> None:
@@ -105,7 +107,9 @@ def test_a_key_holding_newlines_forges_no_field_and_keeps_its_hints() -> None:
     assert [hint.split(" ")[:2] for hint in hints] == [["sql:", "SELECT"], ["sh:", "jq"]] + [
         ["sh:", "jq"]
     ]
-    assert "COLUMNS(lambda c: c = 'x' || chr(10) || 'path: /etc/passwd' || chr(10)" in hints[0]
+    # The records' table is named by the path as the notice writes it: escaped, one line.
+    assert hints[0] == f"sql: SELECT * FROM {codemode.records_table('c1', (FORGERY,))} LIMIT 5"
+    assert '"c1/[""x\\npath: /etc/passwd\\nhint:' in hints[0]
     [shown] = parse_path(fields["records"].rpartition(", ")[0])
     assert shown.endswith("…") and FORGERY.startswith(shown.removesuffix("…"))
 

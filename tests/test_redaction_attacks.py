@@ -21,7 +21,7 @@ from spillbox.redaction import (
     _unescape,
     redact_payload,
 )
-from spillbox.types import RawExec
+from spillbox.types import ExecRequest, RawExec
 
 harness = test_redaction.harness
 """A harness without a sandbox: what reaches the model, and what is stored."""
@@ -239,7 +239,7 @@ def test_bytes_that_are_not_utf8_are_scanned_as_bytes(harness: Harness) -> None:
 
 
 def _raw(stderr: bytes) -> codemode.RawExecFn:
-    return lambda lang, code, timeout, call: RawExec(1, b"", stderr, False, False)
+    return lambda request: RawExec(1, b"", stderr, False, False)
 
 
 def test_stderr_reaches_the_model_redacted_under_a_redacting_policy(harness: Harness) -> None:
@@ -257,7 +257,7 @@ def test_notes_on_output_files_reach_the_model_redacted(harness: Harness) -> Non
     note = f"export-{github_pat}.csv: not taken: over the size limit"
     task = harness.task("t1", retention=Retention(redact=True))
     raw = RawExec(0, b"", b"", False, False, file_notes=(note,))
-    result = codemode.run(task, lambda *args: raw, "sh", "true", 5.0)
+    result = codemode.run(task, lambda request: raw, "sh", "true", 5.0)
     assert result.file_notes == (note.replace(github_pat, "[REDACTED:github_pat]"),)
 
 
@@ -271,7 +271,7 @@ def test_a_long_stderr_is_redacted_before_it_is_cut_to_its_ends(harness: Harness
 
 
 def test_an_engine_error_message_reaches_the_model_redacted(harness: Harness) -> None:
-    def failing(lang: str, code: str, timeout: float, call: object) -> RawExec:
+    def failing(request: ExecRequest) -> RawExec:
         raise ExecError(f"the SQL engine stopped: bad value {github_pat}", retryable=True)
 
     task = harness.task("t1", retention=Retention(redact=True))

@@ -141,14 +141,21 @@ def test_count_within_matches_the_exact_count(
     assert counted in (exact, None)
 
 
-def test_count_within_counts_only_a_bounded_prefix_of_40_mb(counter: TiktokenCounter) -> None:
-    chunk = pr_json(1_000_000)
-    payload = chunk * 40
+def test_count_within_decides_40_mb_by_its_length_alone(counter: TiktokenCounter) -> None:
+    # Over limit * max_token_chars characters, a text is over the limit whatever it holds.
+    payload = pr_json(1_000_000) * 40
     recording = RecordingCounter(counter)
     assert count_within(recording, payload, 6_000) == (False, None)
+    assert recording.lengths == []
+
+
+def test_count_within_counts_only_a_bounded_prefix_below_the_cap(counter: TiktokenCounter) -> None:
     cap = 6_000 * counter.max_token_chars + 1
-    assert max(recording.lengths) <= cap
-    assert sum(recording.lengths) < len(payload) / 100
+    payload = (pr_json(1_000_000) * 2)[: cap - 1]
+    recording = RecordingCounter(counter)
+    assert count_within(recording, payload, 6_000) == (False, None)
+    assert 0 < max(recording.lengths) <= cap
+    assert sum(recording.lengths) < len(payload) / 10
 
 
 @pytest.mark.parametrize("char", [" ", "a", "中"])
@@ -205,15 +212,17 @@ def test_missing_encoding_is_a_config_error_without_network(
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(empty))
     # tiktoken keeps loaded encodings in a registry; make sure this one is really loaded.
     monkeypatch.delitem(tiktoken.registry.ENCODINGS, "p50k_base", raising=False)
+    counter = TiktokenCounter("p50k_base")  # loaded when first used, not here
     with pytest.raises(ConfigError, match="TIKTOKEN_CACHE_DIR"):
-        TiktokenCounter("p50k_base")
+        counter.count("hello")
     assert no_network == []
     assert list(empty.iterdir()) == []
 
 
 def test_unknown_encoding_is_a_config_error(no_network: list[object]) -> None:
+    counter = TiktokenCounter("no_such_base")
     with pytest.raises(ConfigError, match="unknown tiktoken encoding"):
-        TiktokenCounter("no_such_base")
+        counter.count("hello")
     assert no_network == []
 
 
@@ -254,8 +263,9 @@ def test_a_corrupted_o200k_file_is_refused(
     )
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     monkeypatch.delitem(tiktoken.registry.ENCODINGS, "o200k_base", raising=False)
+    counter = TiktokenCounter("o200k_base")
     with pytest.raises(ConfigError, match="sha256"):
-        TiktokenCounter("o200k_base")
+        assert counter.max_token_chars
     assert no_network == []
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from spillbox.errors import (
         ConfigError,
         ExecError,
+        HostLostError,
         RetentionError,
         SandboxError,
         SpillboxError,
@@ -56,6 +57,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Settings": ("spillbox.config", "Settings"),
     "ConfigError": ("spillbox.errors", "ConfigError"),
     "ExecError": ("spillbox.errors", "ExecError"),
+    "HostLostError": ("spillbox.errors", "HostLostError"),
     "RetentionError": ("spillbox.errors", "RetentionError"),
     "SandboxError": ("spillbox.errors", "SandboxError"),
     "SpillboxError": ("spillbox.errors", "SpillboxError"),
@@ -113,6 +115,7 @@ __all__ = [
     "Capability",
     "ConfigError",
     "ExecError",
+    "HostLostError",
     "ExecResult",
     "Fallback",
     "Harness",

@@ -33,7 +33,7 @@ from spillbox.types import ToolResult
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
-    from spillbox.types import Image
+    from spillbox.types import Admitted, Image
 
 DEFAULT_TOOL_NAME = "tool"
 
@@ -57,23 +57,33 @@ def _gate_slots(
 ) -> None:
     """Gate one step's results in place: each slot is (holder, key, call id, is_error).
 
-    What is gated of a result is its text and every part besides images (_counted). An
-    offloaded or withheld result gets its notice; one left inline is not rewritten unless
-    redaction replaced a secret in it (a redacting policy): then it gets the parts the
-    gate redacted, which is what the access log's `redact` entry counts.
+    What is gated of a result is its text and every part besides images (counted_content);
+    gated_content says what the gate's decision leaves of it.
     Pages of spillbox's own read_artifact are never offloaded again (that would loop).
     """
     results = []
     for holder, key, call_id, is_error in slots:
         tool = names.get(call_id, DEFAULT_TOOL_NAME)
-        content = _counted(holder.get(key, ""))
+        content = counted_content(holder.get(key, ""))
         results.append(ToolResult(call_id, tool, content, is_error, tool != READ_ARTIFACT))
     admitted = task.admit(results)
     for (holder, key, _, _), result, item in zip(slots, results, admitted, strict=True):
-        if item.reason is not None:
-            holder[key] = _with_text(holder.get(key, ""), item.text)
-        elif item.text != result.content:
-            holder[key] = _with_redacted(holder.get(key, ""), item.text)
+        if key in holder or item.reason is not None:
+            holder[key] = gated_content(holder.get(key, ""), result, item)
+
+
+def gated_content(content: Any, result: ToolResult, item: Admitted) -> Any:
+    """A content field (a string, or a list of parts) as the gate's decision on it leaves
+    it: content itself, the very object, where the gate left it inline and unchanged; an
+    offloaded, withheld or refused one's notice in place of what was counted, its images
+    where they were; one left inline but redacted (a redacting policy) with the parts the
+    gate redacted, which is what the access log's `redact` entry counts.
+    result: what the gate was given of content (counted_content(content))."""
+    if item.reason is not None:
+        return _with_text(content, item.text)
+    if item.text != result.content:
+        return _with_redacted(content, item.text)
+    return content
 
 
 # OpenAI Chat Completions: {"role": "tool", "tool_call_id": ..., "content": str | [parts]}
@@ -195,10 +205,36 @@ _IMAGE_PARTS = ("image", "input_image", "image_url")
 offloading one would not let the model see it. Every other part is counted."""
 
 
+VALUE_PART = "spillbox_value"
+"""The type of the part that stands, in what the gate counts, for an element of a content
+list that is not a part (a bare string, a list, a number), or for content that is neither
+text nor a list (one part given bare, a number, None): it is counted and stored like any
+other part, so nothing in a shape the adapter does not know slips past the gate."""
+
+
 def _parts(content: Any) -> list[Mapping[str, Any]]:
+    """The parts of a content field: a plain string among them (LangChain's content lists
+    mix them with dicts) is a text part; any other element that is not a part (a list, a
+    number), or content that is neither text nor a list, is a value part."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    return [p for p in content if isinstance(p, Mapping)]
+    if isinstance(content, Mapping):
+        return [content]
+    if not isinstance(content, list | tuple):
+        return [{"type": VALUE_PART, "value": content}]
+    return [
+        {"type": "text", "text": p}
+        if isinstance(p, str)
+        else p
+        if isinstance(p, Mapping)
+        else {"type": VALUE_PART, "value": p}
+        for p in content
+    ]
+
+
+def _bare(part: Mapping[str, Any]) -> Any:
+    """A part as its content had it: a value part as its bare value."""
+    return part.get("value") if part.get("type") == VALUE_PART else part
 
 
 def _is_other(part: Mapping[str, Any]) -> bool:
@@ -207,7 +243,7 @@ def _is_other(part: Mapping[str, Any]) -> bool:
     return part.get("type") not in (*_TEXT_PARTS, *_IMAGE_PARTS)
 
 
-def _counted(content: Any) -> str:
+def counted_content(content: Any) -> str:
     """What the gate counts and stores of a content field: its text (a string, or its text
     parts joined); where it has parts besides text and images, one JSON object of the text
     and those parts, `{"text": ..., "parts": [...]}`, so that none of what the model reads
@@ -217,7 +253,10 @@ def _counted(content: Any) -> str:
     parts = _parts(content)
     text = "".join(str(p.get("text", "")) for p in parts if p.get("type") in _TEXT_PARTS)
     others = [dict(p) for p in parts if _is_other(p)]
-    return json.dumps({"text": text, "parts": others}, ensure_ascii=False) if others else text
+    if not others:
+        return text
+    # default=str: a value JSON cannot hold (bytes, an object) is counted as its text.
+    return json.dumps({"text": text, "parts": others}, ensure_ascii=False, default=str)
 
 
 def _with_text(content: Any, text: str) -> Any:
@@ -244,7 +283,7 @@ def _with_text(content: Any, text: str) -> Any:
 
 def _with_redacted(content: Any, redacted: str) -> Any:
     """content with each part the gate counted taken from redacted (the redacted text of
-    _counted(content)): its text parts as one, where the first was; its other parts in
+    counted_content(content)): its text parts as one, where the first was; its other parts in
     their places. Where redacted does not read back into those parts, the redacted text
     stands in their place, as a notice would."""
     parts = _parts(content)
@@ -252,25 +291,25 @@ def _with_redacted(content: Any, redacted: str) -> Any:
     if not others:
         return _with_text(content, redacted)
     try:
-        shown = json.loads(redacted)
+        parsed = json.loads(redacted)
     except ValueError:
-        shown = None
-    if not isinstance(shown, dict) or not isinstance(shown.get("parts"), list):
+        parsed = None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("parts"), list):
         return _with_text(content, redacted)
-    taken = [part for part in shown["parts"] if isinstance(part, dict)]
-    if len(taken) != len(others) or not isinstance(shown.get("text"), str):
+    taken = [part for part in parsed["parts"] if isinstance(part, dict)]
+    if len(taken) != len(others) or not isinstance(parsed.get("text"), str):
         return _with_text(content, redacted)
-    out: list[dict[str, Any]] = []
+    out: list[Any] = []
     placed = False
     for part in parts:
         if _is_other(part):
-            out.append(taken.pop(0))
+            out.append(_bare(taken.pop(0)))
         elif part.get("type") in _IMAGE_PARTS:
             out.append(dict(part))
         elif not placed:  # the text parts were counted joined: one holds them
-            out.append({"type": part["type"], "text": shown["text"]})
+            out.append({"type": part["type"], "text": parsed["text"]})
             placed = True
-    return out
+    return out if isinstance(content, list | tuple) else out[0]
 
 
 # History compaction
@@ -293,7 +332,7 @@ def compact_history(
     slots = list(_result_slots(out))
     names = _call_names(out)
     for holder, key, call_id in slots[: max(len(slots) - keep_last, 0)]:
-        text = _counted(holder[key])
+        text = counted_content(holder[key])
         # "Under min_tokens?" costs time bounded by min_tokens, not by the result's size.
         small, _ = count_within(task.counter, text, min_tokens - 1)
         if parse_notice(text) is not None or (min_tokens > 0 and small):
@@ -309,7 +348,7 @@ def tool_results(messages: Sequence[Mapping[str, Any]]) -> list[ToolResult]:
     listed = [dict(m) for m in messages]
     names = _call_names(listed)
     return [
-        ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), _counted(holder[key]))
+        ToolResult(call_id, names.get(call_id, DEFAULT_TOOL_NAME), counted_content(holder[key]))
         for holder, key, call_id in _result_slots(listed)
     ]
 

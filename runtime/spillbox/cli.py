@@ -18,9 +18,13 @@ from spillbox.errors import ConfigError, SpillboxError
 from spillbox.types import LANGS, Admitted, ArtifactRow, ToolResult
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from spillbox.config import SandboxKind
     from spillbox.harness import Harness, Task
     from spillbox.sandbox.image import BuildEvent
+
+    _Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 # The settings (tiktoken), the harness (the catalog, Docker), the tools and retention are
 # imported by the commands that use them: `spillbox --version` and `--help` pay for none.
@@ -51,25 +55,16 @@ a first try, with a large JSON file (the sandbox needs Docker):
   spillbox exec --task demo --lang sql 'SELECT count(*) AS n FROM "prs"'"""
 
 
-def _version() -> str:
-    """The installed version, as the package metadata says."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("spillbox")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "unknown (not installed)"
-
-
 class _Version(argparse.Action):
-    """--version, read from the package metadata only when asked for (it costs an import
-    of importlib.metadata that every other command would pay at start)."""
+    """--version, printed as soon as it is parsed (the commands' options are never read)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        print(f"spillbox {_version()}")  # on stdout, as argparse's own version action does
+        from spillbox._version import __version__
+
+        print(f"spillbox {__version__}")  # on stdout, as argparse's own version action does
         parser.exit()
 
 
@@ -82,7 +77,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    common = _common_flags()
+    # In the order `spillbox --help` lists them.
+    _script_commands(commands, common)
+    _task_commands(commands, common)
+    _host_command(commands)
+    _upkeep_commands(commands, common)
+    _tool_commands(commands, common)
+    _demo_command(commands)
+    mcp = commands.add_parser("mcp", help="spillbox as an MCP server (stdio or HTTP)")
+    mcp_commands = mcp.add_subparsers(required=True, metavar="ACTION")
+    _mcp_proxy_command(mcp_commands, common)
+    _mcp_serve_command(mcp_commands, common)
+    _image_commands(commands)
+    return parser
 
+
+def _common_flags() -> argparse.ArgumentParser:
+    """The flags of every command that opens the harness (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--home", help="spillbox home (default: SPILLBOX_HOME or the user data dir)"
@@ -90,8 +102,17 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--sandbox", choices=["none", "docker"], help="sandbox kind (default: docker)"
     )
+    common.add_argument(
+        "--cluster",
+        help="a Ray cluster's address whose spillbox hosts keep the tasks "
+        "(default: SPILLBOX_CLUSTER; needs SPILLBOX_CATALOG_URL)",
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    return common
 
+
+def _script_commands(commands: _Commands, common: argparse.ArgumentParser) -> None:
+    """offload and exec: a task's payloads in, and the scripts that query them."""
     offload = commands.add_parser(
         "offload", parents=[common], help="admit files as one step's tool results"
     )
@@ -120,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     exec_.add_argument("code", metavar="CODE", help="the script, or - to read it from stdin")
     exec_.set_defaults(func=_exec)
 
+
+def _task_commands(commands: _Commands, common: argparse.ArgumentParser) -> None:
+    """The tasks and their artifacts: list, delete, copy out, hold."""
     tasks = commands.add_parser("tasks", parents=[common], help="list tasks")
     tasks.set_defaults(func=_tasks)
 
@@ -148,6 +172,27 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("artifact", metavar="ARTIFACT", help="artifact id or call id")
         command.set_defaults(func=_pin, pinned=pinned)
 
+
+def _host_command(commands: _Commands) -> None:
+    host = commands.add_parser(
+        "host", help="start this Ray node's spillbox host (run on the node, after ray start)"
+    )
+    host.add_argument("--name", help="the host's name (default: this machine's hostname)")
+    host.add_argument("--home", required=True, help="the node's spillbox home")
+    host.add_argument("--cap", type=int, help="open tasks it takes at most (default: 500)")
+    host.add_argument("--runtime", help='the OCI runtime of its sandboxes, e.g. "runsc"')
+    host.add_argument("--address", default="auto", help="the cluster (default: auto)")
+    host.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve the host's metrics at http://HOST:PORT/metrics (default: "
+        "SPILLBOX_METRICS_LISTEN; none if unset)",
+    )
+    host.set_defaults(func=_host)
+
+
+def _upkeep_commands(commands: _Commands, common: argparse.ArgumentParser) -> None:
+    """Collection and the access log."""
     gc = commands.add_parser("gc", parents=[common], help="collect expired and orphaned things")
     gc.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     gc.set_defaults(func=_gc)
@@ -156,6 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("task", metavar="TASK")
     audit.set_defaults(func=_audit)
 
+
+def _tool_commands(commands: _Commands, common: argparse.ArgumentParser) -> None:
+    """The model-facing tools: their definitions, and a call as the model makes it."""
     tools = commands.add_parser("tools", help="print the model-facing tool definitions")
     tools.add_argument("--format", choices=["openai", "responses", "anthropic"], default="openai")
     tools.add_argument(
@@ -171,41 +219,40 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("arguments", metavar="JSON-ARGS", nargs="?", default="{}")
     call.set_defaults(func=_call)
 
+
+def _demo_command(commands: _Commands) -> None:
     demo = commands.add_parser(
         "demo", help="run the examples end to end in real sandboxes with a scripted model"
     )
     demo.add_argument("--home", help="spillbox home (default: a temp folder, removed after)")
     demo.set_defaults(func=_demo)
 
-    mcp = commands.add_parser("mcp", help="spillbox as an MCP server (stdio or HTTP)")
-    mcp_commands = mcp.add_subparsers(required=True, metavar="ACTION")
+
+def _mcp_proxy_command(mcp_commands: _Commands, common: argparse.ArgumentParser) -> None:
     proxy = mcp_commands.add_parser(
         "proxy",
         parents=[common],
         help="gate every tool result of an MCP server: spillbox mcp proxy -- COMMAND ARGS...",
     )
     proxy.add_argument("--task", help="task id (default: a new task per connection)")
-    proxy.add_argument(
+    _seconds(
+        proxy,
         "--upstream-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="cancel a request the server leaves without an answer or progress this long "
+        "cancel a request the server leaves without an answer or progress this long "
         "(default 300; 0: never)",
     )
-    proxy.add_argument(
+    _seconds(
+        proxy,
         "--step-bound",
-        type=float,
-        metavar="SECONDS",
-        help="how long a finished result waits for the other calls of its step (default 2)",
+        "how long a finished result waits for the other calls of its step (default 2)",
     )
     _retention_flags(proxy)
     _listen_flags(proxy)
     proxy.add_argument("--url", help="a server that speaks streamable HTTP, in place of COMMAND")
-    proxy.add_argument(
+    _seconds(
+        proxy,
         "--upstream-start-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="how long the server may take to answer its handshake (default 8; more for a "
+        "how long the server may take to answer its handshake (default 8; more for a "
         "server that npx downloads on first use)",
     )
     # Everything from the first word that is not an option on is the server's command
@@ -214,21 +261,24 @@ def _parser() -> argparse.ArgumentParser:
         "command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the server to run (or --url)"
     )
     proxy.set_defaults(func=_mcp)
+
+
+_UPSTREAM_ARGUMENTS = ("command", "url", "upstream_timeout", "upstream_start_timeout", "step_bound")
+"""What `mcp proxy` parses of the server it gates."""
+
+
+def _mcp_serve_command(mcp_commands: _Commands, common: argparse.ArgumentParser) -> None:
     serve = mcp_commands.add_parser(
         "serve", parents=[common], help="spillbox's tools alone, over a task's payloads"
     )
     serve.add_argument("--task", required=True)
     _retention_flags(serve)
     _listen_flags(serve)
-    serve.set_defaults(
-        func=_mcp,
-        command=None,
-        url=None,
-        upstream_timeout=None,
-        upstream_start_timeout=None,
-        step_bound=None,
-    )
+    # What `mcp proxy` reads of its upstream, empty: _mcp serves the task's tools alone.
+    serve.set_defaults(func=_mcp, **dict.fromkeys(_UPSTREAM_ARGUMENTS))
 
+
+def _image_commands(commands: _Commands) -> None:
     image = commands.add_parser("image", help="the sandbox image")
     image_commands = image.add_subparsers(required=True, metavar="ACTION")
     build = image_commands.add_parser(
@@ -243,7 +293,11 @@ def _parser() -> argparse.ArgumentParser:
         "--quiet", action="store_true", help="print only the last line (for scripts)"
     )
     build.set_defaults(func=_image_build)
-    return parser
+
+
+def _seconds(parser: argparse._ActionsContainer, flag: str, help: str) -> None:
+    """A flag that takes a duration in seconds."""
+    parser.add_argument(flag, type=float, metavar="SECONDS", help=help)
 
 
 def _listen_flags(parser: argparse.ArgumentParser) -> None:
@@ -262,11 +316,10 @@ def _listen_flags(parser: argparse.ArgumentParser) -> None:
         help="an Origin besides the server's own that may send requests (a browser-based "
         "client, e.g. http://localhost:6274); others get 403",
     )
-    group.add_argument(
+    _seconds(
+        group,
         "--session-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="end a session with no request in flight this long (default 300)",
+        "end a session with no request in flight this long (default 300)",
     )
     group.add_argument(
         "--max-sessions",
@@ -274,6 +327,13 @@ def _listen_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="how many sessions may be open at once, each with its own upstream (default 8); "
         "an initialize past that gets 503",
+    )
+    group.add_argument(
+        "--pool-size",
+        type=int,
+        metavar="N",
+        help="ready Docker sandboxes kept for new sessions' tasks (default SPILLBOX_POOL_SIZE, "
+        "else 2; 0: none)",
     )
 
 
@@ -301,8 +361,46 @@ def _harness(args: argparse.Namespace) -> Harness:
     from spillbox.harness import Harness
 
     sandbox: SandboxKind | None = args.sandbox
-    # A CLI process is short-lived: collection runs as `spillbox gc`, not in the background.
-    return Harness(sandbox=sandbox, home=args.home, gc_interval=-1)
+    # A CLI process is short-lived: collection runs as `spillbox gc`, not in the background,
+    # and a warm pool would only start containers that its one task never uses.
+    return Harness(
+        sandbox=sandbox,
+        home=args.home,
+        gc_interval=-1,
+        pool_size=0,
+        cluster=getattr(args, "cluster", None),
+    )
+
+
+def _host(args: argparse.Namespace) -> int:
+    """Start the host on this node: its catalog is SPILLBOX_CATALOG_URL (every host's)."""
+    import socket
+
+    from spillbox.config import Settings
+
+    settings = Settings.from_env()
+    if settings.catalog_url is None:
+        raise ConfigError("a spillbox host needs SPILLBOX_CATALOG_URL: the cluster's Postgres")
+    try:
+        from spillbox.sandbox.ray.backend import connect
+        from spillbox.sandbox.ray.host import DEFAULT_CAP
+        from spillbox.sandbox.ray.start import start_host
+    except ImportError as e:
+        raise ConfigError(f"a spillbox host needs Ray: pip install 'spillbox[ray]' ({e})") from None
+    connect(args.address)
+    info = start_host(
+        args.name or socket.gethostname(),
+        str(Path(args.home).expanduser().resolve()),
+        settings.catalog_url,
+        cap=args.cap or DEFAULT_CAP,
+        runtime=args.runtime,
+        metrics_listen=args.metrics_listen or settings.metrics_listen,
+    )
+    served = f", metrics on port {info['metrics_port']}" if info["metrics_port"] else ""
+    print(
+        f"spillbox host {info['name']} is up (epoch {info['epoch']}, home {info['home']}{served})"
+    )
+    return 0
 
 
 def _task(args: argparse.Namespace, harness: Harness, task_id: str | None = None) -> Task:
@@ -563,8 +661,12 @@ def _mcp(args: argparse.Namespace) -> int:
     if args.listen:
         most = mcp.DEFAULT_MAX_SESSIONS if args.max_sessions is None else args.max_sessions
         listen = mcp.parse_listen(args.listen, args.allow_origin, most)
-    # A long-lived server: garbage collection runs in the background, as in a harness.
-    with Harness(sandbox=args.sandbox, home=args.home) as harness:
+    # A long-lived server: garbage collection runs in the background, as in a harness. Over
+    # stdio it serves one task: a warm pool would start containers no task takes.
+    pool_size = args.pool_size if listen is not None else 0
+    with Harness(
+        sandbox=args.sandbox, home=args.home, pool_size=pool_size, cluster=args.cluster
+    ) as harness:
         if listen is None:
             with _task(args, harness, args.task or mcp.new_task_id()) as task:
                 mcp.run(task, args.command, **upstream)

@@ -3,9 +3,10 @@
     result = task.exec("sql", 'SELECT state, count(*) FROM "c1" GROUP BY state')
     print(result.text)       # what the model sees; an oversized print becomes an artifact
 
-Every artifact of a JSON, NDJSON or CSV shape is a table named after its id in SQL; jq
-takes a filter and the artifact to run it over; python has duckdb, pyarrow and jq; sh
-has jq and the usual tools.
+Every artifact of a JSON, NDJSON or CSV shape is a table named after its id in SQL, and
+each array of objects that a JSON object wraps a table of its records named by the id and
+the array's path (records_table: "c1/items"); jq takes a filter and the artifact to run it
+over; python has duckdb, pyarrow and jq; sh has jq and the usual tools.
 
 python runs stateless by default (a fresh process per call); with session=True it runs as a
 cell of the task's persistent Python session, where names from earlier session calls remain
@@ -19,10 +20,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from itertools import groupby
 
 from spillbox.errors import ExecError, SpillboxError
-from spillbox.notice import Hint
+from spillbox.notice import MAX_HINT_CHARS, Hint
 from spillbox.profile import path_text
 from spillbox.protocols import TaskHandle
 from spillbox.redaction import redact
@@ -30,10 +30,12 @@ from spillbox.types import (
     IMAGE_TYPES,
     LANGS,
     Artifact,
+    ExecRequest,
     ExecResult,
     Image,
     RawExec,
     SessionCall,
+    Shape,
     ToolResult,
 )
 
@@ -52,9 +54,8 @@ TABLE_SHAPES = ("json_array", "json_object", "ndjson", "csv")
 """Shapes that the SQL engine loads as a table named after the artifact."""
 
 
-RawExecFn = Callable[[str, str, float, SessionCall | None], RawExec]
-"""Runs (lang, code, timeout, session) in the task's sandbox: the backend's exec, bound to
-the task."""
+RawExecFn = Callable[[ExecRequest], RawExec]
+"""Runs a request in the task's sandbox: the backend's exec, bound to the task."""
 
 
 def run(
@@ -81,7 +82,7 @@ def run(
         if row.artifact_id in code or row.name in code
     ]  # fmt: skip
     try:
-        raw = raw_exec(lang, code, timeout, call)
+        raw = raw_exec(ExecRequest(lang, code, timeout, call))
     except SpillboxError as e:
         if not task.retention.redact:
             raise
@@ -198,30 +199,12 @@ def table_name(artifact_id: str) -> str:
     return '"' + artifact_id.replace('"', '""') + '"'
 
 
-def sql_string(value: str) -> str:
-    """A DuckDB string literal of any text, on one line and printable: a character that is
-    not printable (a line break, a control) is joined in as chr(n), since DuckDB's
-    literals have no escapes for it.
-
-    >>> sql_string("it's"), sql_string("a\\nb")
-    ("'it''s'", "'a' || chr(10) || 'b'")
-    """
-    parts: list[str] = []
-    for printable, chars in groupby(value, str.isprintable):
-        if printable:
-            parts.append("'" + "".join(chars).replace("'", "''") + "'")
-        else:
-            parts.extend(f"chr({ord(char)})" for char in chars)
-    return " || ".join(parts) or "''"
-
-
-def sql_column(name: str) -> str:
-    """An expression for the column named `name`, on one line whatever it holds: the
-    quoted identifier, or where that would not be printable (or empty, which DuckDB
-    refuses), the one column whose name is equal to it."""
-    if name and name.isprintable():
-        return table_name(name)
-    return f"COLUMNS(lambda c: c = {sql_string(name)})"
+def records_table(artifact_id: str, path: tuple[str, ...]) -> str:
+    """The SQL identifier, quoted, of the table of the records at path in a JSON object:
+    the id, "/" (no id holds one) and the path as the notice writes it, printable ASCII
+    whatever the keys hold. The SQL engine (sqlserver.py) names it so when it loads the
+    object: one row per record, queried as fast as a bare array of them."""
+    return table_name(f"{artifact_id}/{path_text(path)}")
 
 
 def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
@@ -230,7 +213,14 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
     shape = artifact.shape
     records = shape.records if shape.kind == "json_object" else None
     if records is not None:
-        return _records_hints(artifact, records.path, languages)
+        found = [
+            hint
+            for hint in _records_hints(artifact, records.path, languages)
+            if len(hint.code) <= MAX_HINT_CHARS
+        ]
+        if found or not all(_nameable(key, "sql") for key in records.path):
+            return found  # a key DuckDB cannot name (a lone surrogate) fails its load too
+        # No hint over a path this long fits the notice: the object's own table does.
     if "sql" in languages and shape.kind in TABLE_SHAPES:
         table = table_name(artifact.id)
         if shape.kind == "json_object":
@@ -238,7 +228,7 @@ def hints(artifact: Artifact, languages: Sequence[str]) -> list[Hint]:
         else:
             columns = ", ".join(table_name(k) for k in _named_columns(shape.keys)) or "*"
             found.append(Hint("sql", f"SELECT count(*) AS n FROM {table}"))
-            found.append(Hint("sql", f"SELECT {columns} FROM {table} LIMIT 5"))
+            found.append(Hint("sql", _cut(shape, f"SELECT {columns} FROM {table} LIMIT 5")))
     elif "sh" in languages and shape.kind in ("text", "json_scalar"):
         # grep exits 1 when nothing matches; a hint must succeed on a clean log too.
         found.append(
@@ -298,21 +288,14 @@ parsing 72 MB whole was killed at the sandbox's 1 GB memory limit."""
 def _records_hints(
     artifact: Artifact, path: tuple[str, ...], languages: Sequence[str]
 ) -> list[Hint]:
-    """For records wrapped in an object: SQL with one row per record (the object is one
-    row, the records a list in it), jq over the path, and jq showing the envelope (the
-    object without its records)."""
+    """For records wrapped in an object: SQL over the table of its records (one row per
+    record), jq over the path, and jq showing the envelope (the object without its
+    records)."""
     found: list[Hint] = []
     nameable = {lang: all(_nameable(key, lang) for key in path) for lang in ("sql", "sh")}
     if "sql" in languages and nameable["sql"] and _loaded_as_columns(artifact.shape.keys):
-        first, *rest = path
-        fields = "".join(f"[{sql_string(key)}]" for key in rest)
-        table = table_name(artifact.id)
-        found.append(
-            Hint(
-                "sql",
-                f"SELECT unnest({sql_column(first)}{fields}, max_depth := 2) FROM {table} LIMIT 5",
-            )
-        )
+        rows = f"SELECT * FROM {records_table(artifact.id, path)} LIMIT 5"
+        found.append(Hint("sql", _cut(artifact.shape, rows)))
     if not ("sh" in languages and nameable["sh"]):
         return found
     if artifact.bytes > JQ_WHOLE_MAX_BYTES:
@@ -327,9 +310,36 @@ def _records_hints(
             f"fromstream(inputs | select(.[0][:{len(path)}] != {under} or (.[0]|length) == 1))"
         )
         for jq_filter in (records, envelope):
+            jq_filter = _jq_cut(artifact.shape, jq_filter)
             found.append(Hint("sh", f"jq -cn --stream {shell_quote(jq_filter)} {artifact.path}"))
     else:
         jq_path = "." + path_text(path)
-        found.append(Hint("sh", f"jq -c {shell_quote(jq_path + '[:2][]')} {artifact.path}"))
-        found.append(Hint("sh", f"jq -c {shell_quote(f'del({jq_path})')} {artifact.path}"))
+        for jq_filter in (jq_path + "[:2][]", f"del({jq_path})"):
+            jq_filter = _jq_cut(artifact.shape, jq_filter)
+            found.append(Hint("sh", f"jq -c {shell_quote(jq_filter)} {artifact.path}"))
     return found
+
+
+CUT_CHARS = 80
+"""What a hint shows of each value (SQL) or long string (jq) in a payload with long
+base64 strings (Shape.long_strings): an image's base64 printed whole would be offloaded
+again, a notice answering a notice."""
+
+
+def _cut(shape: Shape, select: str) -> str:
+    """A SQL hint's SELECT, its every value cut to CUT_CHARS where the payload has long
+    base64 strings (a record's blob is in a column, or a struct's text)."""
+    if not shape.long_strings:
+        return select
+    return f"SELECT left(CAST(COLUMNS(*) AS VARCHAR), {CUT_CHARS}) FROM ({select})"
+
+
+def _jq_cut(shape: Shape, jq_filter: str) -> str:
+    """A jq hint's filter, its long strings cut to CUT_CHARS (saying how long they were)
+    where the payload has long base64 strings."""
+    if not shape.long_strings:
+        return jq_filter
+    return (
+        f'{jq_filter} | walk(if type == "string" and length > {CUT_CHARS} '
+        f'then "\\(.[:{CUT_CHARS}])... (\\(length) chars)" else . end)'
+    )

@@ -23,6 +23,8 @@ DEFAULT_MAX_RESULT_BYTES = 256 * 1024 * 1024
 SandboxKind = Literal["none", "docker"]
 DEFAULT_SANDBOX: SandboxKind = "docker"
 DEFAULT_GC_INTERVAL = 600.0
+DEFAULT_POOL_SIZE = 2
+"""Ready Docker sandboxes a harness keeps for the tasks it opens (the warm pool)."""
 
 _RETENTION_ENV = {
     "ttl": "SPILLBOX_TTL",
@@ -106,14 +108,25 @@ class Settings:
     """The retention policy of tasks opened without one of their own."""
     gc_interval: float = DEFAULT_GC_INTERVAL
     """Seconds between garbage collections while a harness runs (0: only at start; <0: never)."""
+    pool_size: int = DEFAULT_POOL_SIZE
+    """Ready sandboxes kept for new tasks (SPILLBOX_POOL_SIZE; 0: every task starts its own
+    container when it first needs one). Filled from the first task a harness opens."""
     catalog_url: str | None = None
     """The catalog's database (SPILLBOX_CATALOG_URL): None for SQLite in the home, or a
     Postgres URL (postgresql://USER:PASSWORD@HOST/DB) that several harness hosts share."""
+    cluster: str | None = None
+    """The Ray cluster whose spillbox hosts keep the tasks (SPILLBOX_CLUSTER): its address
+    ("auto", "ray://head:10001", "head:6379"); None: this machine's sandbox backend."""
     endpoint: ModelEndpoint | None = None
     """A real model for the loop: SPILLBOX_MODEL_PROVIDER (openai|anthropic),
     SPILLBOX_MODEL_BASE_URL, SPILLBOX_MODEL_API_KEY, SPILLBOX_MODEL."""
+    metrics_listen: str | None = None
+    """HOST:PORT to serve this process's Prometheus metrics at, /metrics
+    (SPILLBOX_METRICS_LISTEN; spillbox.metrics); None: no metrics kept."""
 
     def __post_init__(self) -> None:
+        if self.pool_size < 0:
+            raise ConfigError(f"the pool size must be 0 or more, got {self.pool_size}")
         if self.sandbox not in get_args(SandboxKind):
             raise ConfigError(
                 f"unknown sandbox {self.sandbox!r}: use one of {', '.join(get_args(SandboxKind))}"
@@ -145,6 +158,9 @@ class Settings:
             gc_interval=DEFAULT_GC_INTERVAL if not gc_interval else _gc_interval(gc_interval),
             endpoint=_endpoint(env),
             catalog_url=env.get("SPILLBOX_CATALOG_URL") or None,
+            cluster=env.get("SPILLBOX_CLUSTER") or None,
+            metrics_listen=env.get("SPILLBOX_METRICS_LISTEN") or None,
+            pool_size=_int(env, "SPILLBOX_POOL_SIZE", DEFAULT_POOL_SIZE),
         )
 
 

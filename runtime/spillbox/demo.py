@@ -152,36 +152,16 @@ _PR_SENTENCES = (
 )
 
 
+_PR_HANDLES = [a[0] for a in _PR_AUTHORS]
+_PR_WEIGHTS = [a[1] for a in _PR_AUTHORS]
+_PR_BUG_RATE = {a[0]: a[2] for a in _PR_AUTHORS}
+_PR_START = datetime(2024, 1, 1, tzinfo=UTC)
+
+
 def pull_requests(seed: int = 7, count: int = 400) -> Scenario:
     """A repository API returning every pull request, each with a ~150-word body."""
     rng = random.Random(seed)
-    handles = [a[0] for a in _PR_AUTHORS]
-    weights = [a[1] for a in _PR_AUTHORS]
-    bug_rate = {a[0]: a[2] for a in _PR_AUTHORS}
-    start = datetime(2024, 1, 1, tzinfo=UTC)
-    prs: list[dict[str, Any]] = []
-    for i in range(count):
-        author = rng.choices(handles, weights)[0]
-        area = rng.choice(_PR_AREAS)
-        is_bug = rng.random() < bug_rate[author]
-        labels = (["bug"] if is_bug else []) + rng.sample(_PR_LABELS, rng.randint(0, 2))
-        created = start + timedelta(minutes=rng.randrange(2 * 365 * 24 * 60))
-        state = rng.choices(("merged", "closed", "open"), (6, 2, 2))[0]
-        words: list[str] = []
-        while len(words) < 150:
-            words += rng.choice(_PR_SENTENCES).format(area=area).split()
-        prs.append(
-            {
-                "number": 1200 + i,
-                "title": f"{'Fix' if is_bug else 'Improve'} {area}: {rng.choice(_PR_TOPICS)}",
-                "author": author,
-                "state": state,
-                "labels": labels,
-                "created_at": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "comments": rng.randint(0, 30),
-                "body": " ".join(words),
-            }
-        )
+    prs = [_pull_request(rng, i) for i in range(count)]
     merged_bugs = Counter(
         p["author"] for p in prs if p["state"] == "merged" and "bug" in p["labels"]
     )
@@ -215,6 +195,29 @@ def pull_requests(seed: int = 7, count: int = 400) -> Scenario:
     )
 
 
+def _pull_request(rng: random.Random, i: int) -> dict[str, Any]:
+    """The i-th pull request: its author by weight, a bug fix at the author's rate."""
+    author = rng.choices(_PR_HANDLES, _PR_WEIGHTS)[0]
+    area = rng.choice(_PR_AREAS)
+    is_bug = rng.random() < _PR_BUG_RATE[author]
+    labels = (["bug"] if is_bug else []) + rng.sample(_PR_LABELS, rng.randint(0, 2))
+    created = _PR_START + timedelta(minutes=rng.randrange(2 * 365 * 24 * 60))
+    state = rng.choices(("merged", "closed", "open"), (6, 2, 2))[0]
+    words: list[str] = []
+    while len(words) < 150:
+        words += rng.choice(_PR_SENTENCES).format(area=area).split()
+    return {
+        "number": 1200 + i,
+        "title": f"{'Fix' if is_bug else 'Improve'} {area}: {rng.choice(_PR_TOPICS)}",
+        "author": author,
+        "state": state,
+        "labels": labels,
+        "created_at": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "comments": rng.randint(0, 30),
+        "body": " ".join(words),
+    }
+
+
 # Scenario 2: a metrics API answering with whole time series.
 
 _HOSTS = ("api-1", "api-2", "api-3", "db-1", "db-2", "cache-1")
@@ -233,31 +236,11 @@ def metrics(seed: int = 11) -> Scenario:
     series: list[dict[str, Any]] = []
     for host in _HOSTS:
         base = rng.uniform(20, 60)
-        points: list[dict[str, Any]] = []
-        for minute in range(_MINUTES):
-            daily = math.sin((minute - 8 * 60) / _MINUTES * 2 * math.pi)
-            cpu = min(100.0, max(0.0, 35 + 25 * daily + rng.gauss(0, 6)))
-            latency = base * (1 + cpu / 120) * rng.lognormvariate(0, 0.25)
-            if host == degraded and incident_start <= minute < incident_start + 45:
-                latency += rng.uniform(350, 650)
-            if host == spiky and minute == spike_minute:
-                latency = 2400 + rng.uniform(0, 200)
-            points.append(
-                {
-                    "ts": (_DAY + timedelta(minutes=minute)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "cpu": round(cpu, 1),
-                    "latency_ms": round(latency, 1),
-                }
-            )
+        spike = spike_minute if host == spiky else None
+        incident = incident_start if host == degraded else None
+        points = [_point(rng, minute, base, spike, incident) for minute in range(_MINUTES)]
         series.append({"host": host, "resolution_seconds": 60, "points": points})
-
-    def p99(values: Sequence[float]) -> float:
-        # Nearest rank, as DuckDB's quantile_disc computes it: always a measured value.
-        ordered = sorted(values)
-        return ordered[math.ceil(len(ordered) * 0.99) - 1]
-
-    worst = min(series, key=lambda s: (-p99([p["latency_ms"] for p in s["points"]]), s["host"]))
-    worst_p99 = p99([p["latency_ms"] for p in worst["points"]])
+    worst = min(series, key=lambda s: (-_p99_latency(s), s["host"]))
     peak = min(worst["points"], key=lambda p: (-p["latency_ms"], p["ts"]))
 
     def phrase(host: str, p99_ms: float, peak_minute: str, peak_ms: float) -> str:
@@ -269,45 +252,77 @@ def metrics(seed: int = 11) -> Scenario:
         tool=_json_tool(
             "query_metrics",
             "Fetch time series (cpu %, latency_ms) for hosts over a time range.",
-            {
-                "hosts": {"type": "string"},
-                "metrics": {"type": "array", "items": {"type": "string"}},
-                "from": {"type": "string"},
-                "to": {"type": "string"},
-                "step": {"type": "string"},
-            },
+            _METRICS_PARAMETERS,
             series,
         ),
-        arguments={
-            "hosts": "*",
-            "metrics": ["cpu", "latency_ms"],
-            "from": "2025-06-03T00:00:00Z",
-            "to": "2025-06-04T00:00:00Z",
-            "step": "1m",
-        },
+        arguments=_METRICS_ARGUMENTS,
         question=(
             "Which host had the highest p99 latency on 2025-06-03, "
             "and at what minute was that host's latency peak?"
         ),
-        sql=(
-            "WITH points AS (\n"
-            "  SELECT s.host, p.ts, p.latency_ms\n"
-            '  FROM "{table}" AS s, UNNEST(s.points) AS u(p)\n'
-            "), worst AS (\n"
-            "  SELECT host, quantile_disc(latency_ms, 0.99) AS p99_ms\n"
-            "  FROM points GROUP BY host\n"
-            "  ORDER BY p99_ms DESC, host LIMIT 1\n"
-            ")\n"
-            "SELECT host, p99_ms, strftime(ts, '%H:%M') AS peak_minute, latency_ms AS peak_ms\n"
-            "FROM worst JOIN points USING (host)\n"
-            "ORDER BY latency_ms DESC, ts\n"
-            "LIMIT 1"
-        ),
+        sql=_METRICS_SQL,
         answer=lambda row: phrase(
             row["host"], float(row["p99_ms"]), row["peak_minute"], float(row["peak_ms"])
         ),
-        expected=phrase(worst["host"], worst_p99, peak["ts"][11:16], peak["latency_ms"]),
+        expected=phrase(worst["host"], _p99_latency(worst), peak["ts"][11:16], peak["latency_ms"]),
     )
+
+
+_METRICS_PARAMETERS = {
+    "hosts": {"type": "string"},
+    "metrics": {"type": "array", "items": {"type": "string"}},
+    "from": {"type": "string"},
+    "to": {"type": "string"},
+    "step": {"type": "string"},
+}
+_METRICS_ARGUMENTS = {
+    "hosts": "*",
+    "metrics": ["cpu", "latency_ms"],
+    "from": "2025-06-03T00:00:00Z",
+    "to": "2025-06-04T00:00:00Z",
+    "step": "1m",
+}
+_METRICS_SQL = (
+    "WITH points AS (\n"
+    "  SELECT s.host, p.ts, p.latency_ms\n"
+    '  FROM "{table}" AS s, UNNEST(s.points) AS u(p)\n'
+    "), worst AS (\n"
+    "  SELECT host, quantile_disc(latency_ms, 0.99) AS p99_ms\n"
+    "  FROM points GROUP BY host\n"
+    "  ORDER BY p99_ms DESC, host LIMIT 1\n"
+    ")\n"
+    "SELECT host, p99_ms, strftime(ts, '%H:%M') AS peak_minute, latency_ms AS peak_ms\n"
+    "FROM worst JOIN points USING (host)\n"
+    "ORDER BY latency_ms DESC, ts\n"
+    "LIMIT 1"
+)
+"""The query the scripted model writes: the host of the highest p99, then its peak."""
+
+
+def _point(
+    rng: random.Random, minute: int, base: float, spike: int | None, incident: int | None
+) -> dict[str, Any]:
+    """One host's point at a minute of the day: a daily cpu curve with noise, latency
+    following it; 45 minutes of incident from `incident`, one spike at minute `spike`."""
+    daily = math.sin((minute - 8 * 60) / _MINUTES * 2 * math.pi)
+    cpu = min(100.0, max(0.0, 35 + 25 * daily + rng.gauss(0, 6)))
+    latency = base * (1 + cpu / 120) * rng.lognormvariate(0, 0.25)
+    if incident is not None and incident <= minute < incident + 45:
+        latency += rng.uniform(350, 650)
+    if minute == spike:
+        latency = 2400 + rng.uniform(0, 200)
+    return {
+        "ts": (_DAY + timedelta(minutes=minute)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "cpu": round(cpu, 1),
+        "latency_ms": round(latency, 1),
+    }
+
+
+def _p99_latency(series: Mapping[str, Any]) -> float:
+    """A host's p99 latency, nearest rank, as DuckDB's quantile_disc computes it: always a
+    measured value."""
+    ordered = sorted(p["latency_ms"] for p in series["points"])
+    return float(ordered[math.ceil(len(ordered) * 0.99) - 1])
 
 
 # Scenario 3: a CRM search answering with accounts, their contacts and their histories.
@@ -385,77 +400,8 @@ def crm_search(seed: int = 23, count: int = 200) -> Scenario:
     # One account had a very bad 2024 and a quiet 2025: the question asks about 2025,
     # so counting escalations in every year gives a wrong answer.
     bad_2024 = rng.randrange(count)
-    accounts: list[dict[str, Any]] = []
-    for i, name in enumerate(names):
-        trouble = rng.uniform(0.05, 0.45)
-        history: list[dict[str, Any]] = []
-        for _ in range(rng.randint(6, 24)):
-            day = date(2024, 1, 1) + timedelta(days=rng.randrange(731))
-            kind = rng.choices(("ticket", "call", "meeting", "email"), (4, 2, 1, 3))[0]
-            if kind == "ticket":
-                year_trouble = 0.9 if i == bad_2024 and day.year == 2024 else trouble
-                history.append(
-                    {
-                        "type": "ticket",
-                        "date": day.isoformat(),
-                        "subject": rng.choice(_TICKET_SUBJECTS),
-                        "priority": rng.choice(("low", "normal", "high", "urgent")),
-                        "status": rng.choice(("open", "pending", "solved")),
-                        "escalated": rng.random() < year_trouble,
-                    }
-                )
-            else:
-                history.append(
-                    {
-                        "type": kind,
-                        "date": day.isoformat(),
-                        "subject": rng.choice(_OTHER_EVENTS[kind]),
-                    }
-                )
-        if i == bad_2024:
-            history += [
-                {
-                    "type": "ticket",
-                    "date": f"2024-{month:02d}-15",
-                    "subject": rng.choice(_TICKET_SUBJECTS),
-                    "priority": "urgent",
-                    "status": "solved",
-                    "escalated": True,
-                }
-                for month in range(1, 13)
-            ]
-        history.sort(key=lambda e: str(e["date"]))
-        contacts = []
-        for _ in range(rng.randint(2, 6)):
-            first, last = rng.choice(_FIRST_NAMES), rng.choice(_LAST_NAMES)
-            domain = name.lower().replace(" ", "")
-            contacts.append(
-                {
-                    "name": f"{first} {last}",
-                    "title": rng.choice(_TITLES),
-                    "email": f"{first.lower()}.{last.lower()}@{domain}.example",
-                }
-            )
-        accounts.append(
-            {
-                "id": f"ACC-{10000 + i}",
-                "name": name,
-                "tier": rng.choice(("startup", "mid-market", "enterprise")),
-                "owner": {"name": rng.choice(_OWNERS), "team": "EMEA"},
-                "arr_usd": rng.randrange(5_000, 900_000, 500),
-                "contacts": contacts,
-                "history": history,
-            }
-        )
-
-    def escalated_2025(account: Mapping[str, Any]) -> int:
-        return sum(
-            1
-            for e in account["history"]
-            if e["type"] == "ticket" and e["escalated"] and e["date"].startswith("2025-")
-        )
-
-    top = min(accounts, key=lambda a: (-escalated_2025(a), a["name"]))
+    accounts = [_account(rng, i, name, i == bad_2024) for i, name in enumerate(names)]
+    top = min(accounts, key=lambda a: (-_escalated_2025(a), a["name"]))
 
     def phrase(account: str, escalated: int, owner: str) -> str:
         return f"{account} ({escalated} escalated tickets in 2025), owned by {owner}"
@@ -484,7 +430,85 @@ def crm_search(seed: int = 23, count: int = 200) -> Scenario:
             "LIMIT 1"
         ),
         answer=lambda row: phrase(row["account"], int(row["escalated"]), row["owner"]),
-        expected=phrase(top["name"], escalated_2025(top), top["owner"]["name"]),
+        expected=phrase(top["name"], _escalated_2025(top), top["owner"]["name"]),
+    )
+
+
+def _account(rng: random.Random, i: int, name: str, bad_2024: bool) -> dict[str, Any]:
+    """The i-th account: its history, its contacts, then its own fields (drawn in that
+    order, which fixes the seed's data)."""
+    history = _account_history(rng, bad_2024)
+    contacts = _account_contacts(rng, name)
+    return {
+        "id": f"ACC-{10000 + i}",
+        "name": name,
+        "tier": rng.choice(("startup", "mid-market", "enterprise")),
+        "owner": {"name": rng.choice(_OWNERS), "team": "EMEA"},
+        "arr_usd": rng.randrange(5_000, 900_000, 500),
+        "contacts": contacts,
+        "history": history,
+    }
+
+
+def _account_history(rng: random.Random, bad_2024: bool) -> list[dict[str, Any]]:
+    """Tickets, calls, meetings and emails over 2024 and 2025, oldest first; an account
+    with a bad 2024 escalated nearly every ticket of that year, and one more each month."""
+    trouble = rng.uniform(0.05, 0.45)
+    history: list[dict[str, Any]] = []
+    for _ in range(rng.randint(6, 24)):
+        day = date(2024, 1, 1) + timedelta(days=rng.randrange(731))
+        kind = rng.choices(("ticket", "call", "meeting", "email"), (4, 2, 1, 3))[0]
+        if kind != "ticket":
+            subject = rng.choice(_OTHER_EVENTS[kind])
+            history.append({"type": kind, "date": day.isoformat(), "subject": subject})
+            continue
+        year_trouble = 0.9 if bad_2024 and day.year == 2024 else trouble
+        history.append(
+            {
+                "type": "ticket",
+                "date": day.isoformat(),
+                "subject": rng.choice(_TICKET_SUBJECTS),
+                "priority": rng.choice(("low", "normal", "high", "urgent")),
+                "status": rng.choice(("open", "pending", "solved")),
+                "escalated": rng.random() < year_trouble,
+            }
+        )
+    if bad_2024:
+        history += [
+            {
+                "type": "ticket",
+                "date": f"2024-{month:02d}-15",
+                "subject": rng.choice(_TICKET_SUBJECTS),
+                "priority": "urgent",
+                "status": "solved",
+                "escalated": True,
+            }
+            for month in range(1, 13)
+        ]
+    history.sort(key=lambda e: str(e["date"]))
+    return history
+
+
+def _account_contacts(rng: random.Random, name: str) -> list[dict[str, str]]:
+    contacts = []
+    for _ in range(rng.randint(2, 6)):
+        first, last = rng.choice(_FIRST_NAMES), rng.choice(_LAST_NAMES)
+        domain = name.lower().replace(" ", "")
+        contacts.append(
+            {
+                "name": f"{first} {last}",
+                "title": rng.choice(_TITLES),
+                "email": f"{first.lower()}.{last.lower()}@{domain}.example",
+            }
+        )
+    return contacts
+
+
+def _escalated_2025(account: Mapping[str, Any]) -> int:
+    return sum(
+        1
+        for e in account["history"]
+        if e["type"] == "ticket" and e["escalated"] and e["date"].startswith("2025-")
     )
 
 

@@ -50,6 +50,10 @@ class ExecError(SpillboxError):
     """A code-mode script could not be run (not: the script failed; that is an ExecResult)."""
 
 
+class HostLostError(StorageError):
+    """The host that kept a task (a node of a cluster) is gone, and its payloads with it."""
+
+
 class RetentionError(SpillboxError):
     """A retention policy refused the operation (quota, export, a deleted artifact)."""
 

@@ -20,7 +20,7 @@ Rules, in order:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spillbox.config import Policy
 from spillbox.tokens import TokenCounter, count_within, total
@@ -108,62 +108,89 @@ def admit(
 
     remaining: tokens that remain for tool results (a budget's tool_results route), for
     the policy's dynamic per-call limit; None: the fixed one."""
-    decisions: list[Decision | None] = [None] * len(results)
-    inline: dict[int, tuple[str, int]] = {}
-    payloads = [r.payload() for r in results]
-    per_call = PerCallLimit.of(policy, remaining)
-
-    def store(i: int, reason: Reason, tokens: TokenCount | None) -> None:
-        data, text = payloads[i]
-        request = Offload(results[i], data, text, reason, tokens, per_call)
-        artifact, notice, notice_tokens = offload(request)
-        decisions[i] = Decision(results[i], notice, notice_tokens, tokens, reason, artifact)
-
-    for i, (_, text) in enumerate(payloads):
-        if text is None:
-            store(i, "binary", None)
-            continue
-        within, exact = count_within(counter, text, per_call.tokens)
-        if within and exact is not None:
-            inline[i] = (text, exact)
+    step = _Step(results, [r.payload() for r in results], PerCallLimit.of(policy, remaining))
+    # Every result is judged before any is stored: a counter that fails (an encoding that
+    # cannot be loaded) fails the step whole, with nothing offloaded.
+    verdicts = [_per_call(counter, text, step.per_call) for _, text in step.payloads]
+    for i, (reason, tokens) in enumerate(verdicts):
+        if reason is None:
+            assert tokens is not None  # an inline result is counted whole
+            step.inline[i] = tokens.tokens
         else:
-            whole = TokenCount(exact, exact=True) if exact is not None else total(counter, text)
-            store(i, "per_call", whole)
+            step.store(i, offload, reason, tokens)
+    for i in step.largest_first(policy, offloadable=True):
+        if step.inline_total() <= policy.aggregate_tokens:
+            break
+        step.store(i, offload, "aggregate", TokenCount(step.inline.pop(i), exact=True))
+    if step.inline_total() > policy.aggregate_tokens:  # counted only for an over-full step
+        _withhold(step, policy, counter)
+    return step.decisions()
 
-    def inline_total() -> int:
-        offloaded = sum(d.inline_tokens for d in decisions if d is not None)
-        return offloaded + sum(tokens for _, tokens in inline.values())
 
-    def largest_first(offloadable: bool) -> list[int]:
+def _per_call(
+    counter: TokenCounter, text: str | None, per_call: PerCallLimit
+) -> tuple[Reason | None, TokenCount | None]:
+    """Rules 1 and 2 for one result: (None, its exact count) if it may stay inline, else
+    the reason it is offloaded and its tokens (None for binary)."""
+    if text is None:
+        return "binary", None
+    within, exact = count_within(counter, text, per_call.tokens)
+    if exact is not None:
+        return None if within else "per_call", TokenCount(exact, exact=True)
+    return "per_call", total(counter, text)
+
+
+def _withhold(step: _Step, policy: Policy, counter: TokenCounter) -> None:
+    """Rule 4: withhold the largest results rule 3 may not offload until the step fits."""
+    withheld = WITHHELD.format(limit=policy.aggregate_tokens)
+    withheld_tokens = counter.count(withheld)
+    for i in step.largest_first(policy, offloadable=False):
+        if step.inline_total() <= policy.aggregate_tokens:
+            break
+        if step.inline[i] > withheld_tokens:
+            tokens = TokenCount(step.inline.pop(i), exact=True)
+            step.decided[i] = Decision(
+                step.results[i], withheld, withheld_tokens, tokens, "withheld", None
+            )
+
+
+@dataclass
+class _Step:
+    """One step's results as the rules go: what is decided, and what is inline so far."""
+
+    results: Sequence[ToolResult]
+    payloads: list[tuple[bytes, str | None]]
+    per_call: PerCallLimit
+    decided: dict[int, Decision] = field(default_factory=dict)
+    inline: dict[int, int] = field(default_factory=dict)
+    """Results inline so far, by index: their exact tokens."""
+
+    def store(self, i: int, offload: OffloadFn, reason: Reason, tokens: TokenCount | None) -> None:
+        data, text = self.payloads[i]
+        request = Offload(self.results[i], data, text, reason, tokens, self.per_call)
+        artifact, notice, notice_tokens = offload(request)
+        self.decided[i] = Decision(self.results[i], notice, notice_tokens, tokens, reason, artifact)
+
+    def inline_total(self) -> int:
+        offloaded = sum(d.inline_tokens for d in self.decided.values())
+        return offloaded + sum(self.inline.values())
+
+    def largest_first(self, policy: Policy, offloadable: bool) -> list[int]:
         # Non-errors before errors, ties by call order. A result no larger than a notice
         # can be is left inline: replacing it would not shrink the total.
+        results, inline = self.results, self.inline
         candidates = [
             i
             for i in inline
-            if results[i].offloadable == offloadable and inline[i][1] > policy.notice_max_tokens
+            if results[i].offloadable == offloadable and inline[i] > policy.notice_max_tokens
         ]
-        return sorted(candidates, key=lambda i: (results[i].is_error, -inline[i][1], i))
+        return sorted(candidates, key=lambda i: (results[i].is_error, -inline[i], i))
 
-    for i in largest_first(offloadable=True):
-        if inline_total() <= policy.aggregate_tokens:
-            break
-        _, exact = inline.pop(i)
-        store(i, "aggregate", TokenCount(exact, exact=True))
-
-    if inline_total() > policy.aggregate_tokens:  # counted only for an over-full step
-        withheld = WITHHELD.format(limit=policy.aggregate_tokens)
-        withheld_tokens = counter.count(withheld)
-        for i in largest_first(offloadable=False):
-            if inline_total() <= policy.aggregate_tokens:
-                break
-            _, exact = inline[i]
-            if exact > withheld_tokens:
-                del inline[i]
-                tokens = TokenCount(exact, exact=True)
-                decisions[i] = Decision(
-                    results[i], withheld, withheld_tokens, tokens, "withheld", None
-                )
-
-    for i, (text, exact) in inline.items():
-        decisions[i] = Decision(results[i], text, exact, TokenCount(exact, exact=True), None, None)
-    return [d for d in decisions if d is not None]
+    def decisions(self) -> list[Decision]:
+        """Every result's decision, in call order: what is still inline stays."""
+        for i, tokens in self.inline.items():
+            text = self.payloads[i][1]
+            assert text is not None
+            counted = TokenCount(tokens, exact=True)
+            self.decided[i] = Decision(self.results[i], text, tokens, counted, None, None)
+        return [self.decided[i] for i in range(len(self.results))]

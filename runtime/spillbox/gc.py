@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from spillbox import metrics
 from spillbox.catalog import Catalog
 from spillbox.config import Settings
 from spillbox.retention import due_for_deletion
@@ -29,7 +30,6 @@ from spillbox.sandbox.storage import (
     TASKS_DIR,
     TaskStorage,
     exclusive,
-    unless_open,
 )
 from spillbox.types import ArtifactRow
 
@@ -63,20 +63,25 @@ class Removal:
 
 
 def collect(
-    harness: Collected, dry_run: bool = False, grace: float = GRACE_SECONDS
+    harness: Collected,
+    dry_run: bool = False,
+    grace: float = GRACE_SECONDS,
+    host: str | None = None,
 ) -> list[Removal]:
-    """Delete expired artifacts and tasks, then orphaned containers, folders and files."""
+    """Delete expired artifacts and tasks, then orphaned containers, folders and files.
+    host: the cluster host collecting, which decides for the tasks placed on it alone (a
+    task's open hold and its files are on its own host)."""
     home = harness.settings.home
     catalog = harness.catalog
     removed: list[Removal] = []
     now = time.time()
     # One collector at a time per home; a second one waits, then finds little to do.
     with exclusive(home / LOCK_FILE):
-        for row in _expired(catalog, now, dry_run):
+        for row in _expired(catalog, now, dry_run, host):
             removed.append(Removal("artifact", row.task_id, row.artifact_id, "ttl"))
             if not dry_run:
                 harness.delete_artifact(row, by="ttl")
-        for task in catalog.tasks(("closed",)):
+        for task in catalog.tasks(("closed",), host):
             if _past_keep(harness, task.task_id, now) is None:
                 continue
             if not dry_run and not catalog.claim_task(task.task_id, now):
@@ -86,36 +91,40 @@ def collect(
             finally:
                 if not dry_run:
                     catalog.release_task(task.task_id)
-        known = {task.task_id for task in catalog.tasks()}
+        known = {task.task_id for task in catalog.tasks(host=host)}
         # A closed task keeps its storage until retention says otherwise, but needs no
         # container: reopening it starts a new one over the same payloads. A container is
         # removed only under its task's open lock, with no process holding the task open.
-        running = {task.task_id for task in catalog.tasks(("open",))}
+        running = {task.task_id for task in catalog.tasks(("open",), host)}
 
         def unused(task_id: str) -> AbstractContextManager[bool]:
             if task_id in running:
                 return nullcontext(False)
-            return unless_open(harness.backend.storage(task_id))
+            return harness.backend.storage(task_id).unless_open()
 
         for what in harness.backend.sweep(unused, dry_run):
             removed.append(Removal("container", "", what, "task closed, unknown or deleted"))
         removed.extend(_sweep_storage(harness, known, dry_run, now - grace))
+    if not dry_run:
+        metrics.collected(removal.kind for removal in removed)
     return removed
 
 
-def _expired(catalog: Catalog, now: float, dry_run: bool) -> Iterator[ArtifactRow]:
+def _expired(
+    catalog: Catalog, now: float, dry_run: bool, host: str | None
+) -> Iterator[ArtifactRow]:
     """The expired artifacts to delete: in a dry run all of them; otherwise those this
     collector claimed, batch after batch, until none is left unclaimed."""
     if dry_run:
-        yield from catalog.expired(now)
+        yield from catalog.expired(now, host)
         return
-    while batch := catalog.claim_expired(now):
+    while batch := catalog.claim_expired(now, host=host):
         yield from batch
 
 
 def _remove_task(harness: Collected, task_id: str, now: float, dry_run: bool) -> list[Removal]:
     # Decided again under the task's open lock: a process may be re-opening it.
-    with unless_open(harness.backend.storage(task_id)) as nobody_has_it:
+    with harness.backend.storage(task_id).unless_open() as nobody_has_it:
         reason = _past_keep(harness, task_id, now) if nobody_has_it else None
         if reason is None:
             return []

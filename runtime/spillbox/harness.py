@@ -10,7 +10,7 @@ with harness.task("t1") as task:
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import threading
 import time
 import weakref
@@ -20,25 +20,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from spillbox import codemode, gc
+from spillbox import codemode, gc, metrics
+from spillbox.access import Access, TaskParts
+from spillbox.admission import Admission, not_text
 from spillbox.catalog import Catalog
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
-from spillbox.gate import Offload, PerCallLimit, admit
-from spillbox.notice import Hint
-from spillbox.offload import Destination, offload
-from spillbox.redaction import Redaction, redact_payload
-from spillbox.retention import Retention, close_deadline, expiry_after_access, policy_for
+from spillbox.retention import Retention, close_deadline, policy_for
 from spillbox.sandbox import SandboxBackend, make_backend
-from spillbox.sandbox.storage import (
-    CLOCK_SLACK_SECONDS,
-    OpenHold,
-    TaskStorage,
-    unless_open,
-    write_new,
-)
-from spillbox.tokens import TokenCounter, default_counter, total
-from spillbox.tools import tool_hints
+from spillbox.sandbox.storage import CLOCK_SLACK_SECONDS, Hold, TaskStorage
+from spillbox.tokens import TokenCounter, default_counter
 from spillbox.types import (
     Admitted,
     Artifact,
@@ -91,7 +82,18 @@ class Harness(_ClosedOnExit):
         retention: Retention | None = None,
         gc_interval: float | None = None,
         catalog_url: str | None = None,
+        cluster: str | None = None,
+        metrics_listen: str | None = None,
+        pool_size: int | None = None,
     ) -> None:
+        """Every argument left out comes from the environment (Settings.from_env), then
+        spillbox's defaults.
+
+        pool_size: ready Docker sandboxes kept for new tasks (default SPILLBOX_POOL_SIZE,
+        else 2; 0: none, each task starts its own container).
+        cluster: a Ray cluster's address (or SPILLBOX_CLUSTER): tasks are kept by its
+        spillbox hosts (spillbox[ray]; a Postgres catalog_url), not on this machine.
+        """
         settings = Settings.from_env(environ)
         overrides: dict[str, Any] = {
             "sandbox": sandbox,
@@ -100,19 +102,32 @@ class Harness(_ClosedOnExit):
             "retention": retention,
             "gc_interval": gc_interval,
             "catalog_url": catalog_url,
+            "cluster": cluster,
+            "metrics_listen": metrics_listen,
+            "pool_size": pool_size,
         }
         settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         self.settings = settings
         self.policy = settings.policy
         self.counter = counter or default_counter(settings.policy.encoding)
         self.catalog = Catalog(settings.home, url=settings.catalog_url)
-        self.backend: SandboxBackend = make_backend(settings.sandbox, settings.home, options)
-        self._holds: dict[str, tuple[OpenHold, int]] = {}
+        self.backend: SandboxBackend = make_backend(
+            settings.sandbox,
+            settings.home,
+            options,
+            settings.pool_size,
+            settings.cluster,
+            self.catalog,
+        )
+        if settings.metrics_listen:
+            metrics.serve(settings.metrics_listen)
+        metrics.watch(self, self.backend.alive)
+        self._holds: dict[str, tuple[Hold, int]] = {}
         """The open hold of each task this harness has open, with how many Task objects share it."""
         self._holds_lock = threading.Lock()
         self._stop = threading.Event()
         self._collector: threading.Thread | None = None
-        if settings.gc_interval >= 0:
+        if settings.gc_interval >= 0 and settings.cluster is None:  # hosts collect their own
             self._collector = threading.Thread(target=self._collect_periodically, daemon=True)
             self._collector.start()
 
@@ -126,6 +141,7 @@ class Harness(_ClosedOnExit):
             holds, self._holds = self._holds, {}
         for hold, _ in holds.values():
             hold.release()
+        metrics.unwatch(self)
         self.backend.close()
         self.catalog.close()
 
@@ -183,7 +199,7 @@ class Harness(_ClosedOnExit):
 
     def gc(self, dry_run: bool = False) -> list[gc.Removal]:
         """Remove what retention says must go, and anything orphaned; idempotent."""
-        return gc.collect(self, dry_run=dry_run)
+        return self.backend.collect(lambda: gc.collect(self, dry_run=dry_run), dry_run)
 
     def _hold(self, storage: TaskStorage) -> None:
         """Hold the task open (one shared lock per harness and task, counted)."""
@@ -194,7 +210,7 @@ class Harness(_ClosedOnExit):
                 return
         # Outside _holds_lock: this may wait for a collector deleting this very task, and
         # opening other tasks meanwhile must not wait with it.
-        hold = OpenHold(storage, lambda: self.backend.create(storage))
+        hold = storage.open_hold(lambda: self.backend.create(storage))
         with self._holds_lock:
             held = self._holds.get(storage.task_id)
             if held is not None:  # another thread held it meanwhile: share theirs
@@ -221,7 +237,7 @@ class Harness(_ClosedOnExit):
     def _collect_periodically(self) -> None:
         while True:
             try:
-                gc.collect(self)
+                self.gc()
             except Exception:  # noqa: BLE001 - a failed background sweep must not kill the harness
                 pass  # the next sweep (or `spillbox gc`) tries again and reports
             if self.settings.gc_interval == 0 or self._stop.wait(self.settings.gc_interval):
@@ -231,8 +247,9 @@ class Harness(_ClosedOnExit):
 class Task(_ClosedOnExit):
     """One task: its lifecycle, its storage and sandbox, and the gate in front of them.
 
-    The offload path itself lives in spillbox.offload, code mode in spillbox.codemode and
-    the retention decisions in spillbox.retention; a task applies them.
+    What it lets in is spillbox.admission's, how its artifacts are reached spillbox.access's,
+    code mode spillbox.codemode's and the retention decisions spillbox.retention's; a task
+    holds them together for one task id.
     """
 
     def __init__(
@@ -244,7 +261,7 @@ class Task(_ClosedOnExit):
     ) -> None:
         if not task_id:
             raise ConfigError("a task id must not be empty")
-        bad = _not_text(task_id)
+        bad = not_text(task_id)
         if bad is not None:
             raise ConfigError(f"the task id {task_id!r} {bad}: give it as valid text")
         self.harness = harness
@@ -253,25 +270,15 @@ class Task(_ClosedOnExit):
         self.counter = harness.counter
         self.policy = harness.policy
         self.languages = harness.backend.languages
-        catalog = harness.catalog
+        catalog, backend = harness.catalog, harness.backend
         self.retention = policy_for(catalog.task(task_id), retention, harness.settings.retention)
-        self.storage: TaskStorage = harness.backend.storage(task_id)
-        self._lock = threading.Lock()
-        self._redactions: dict[int, Redaction] = {}
-        """What admit redacted in the step being gated, by result identity (under _lock)."""
-        self.tools: frozenset[str] = frozenset()
-        """spillbox's model-facing tools offered to the model: the notices' hints name them."""
-        self._destination = Destination(
-            task_id=task_id,
-            storage=self.storage,
-            catalog=catalog,
-            policy=harness.policy,
-            retention=self.retention,
-            counter=harness.counter,
-            visible_path=harness.backend.visible_path,
-            hints=self._hints,
-            evict=lambda row: harness.delete_artifact(row, by="quota"),
+        self.storage: TaskStorage = (
+            backend.opening(task_id) if open_task else backend.storage(task_id)
         )
+        parts = TaskParts(task_id, catalog, backend, self.storage, self.retention)
+        evict = functools.partial(harness.delete_artifact, by="quota")
+        self._admission = Admission(parts, harness.policy, harness.counter, evict)
+        self._access = Access(parts)
         self._hold: weakref.finalize[..., Any] | None = None
         """Lets go of this object's share of the task's open hold (when closed or dropped)."""
         if open_task:
@@ -281,10 +288,23 @@ class Task(_ClosedOnExit):
             self._hold = weakref.finalize(self, harness._let_go, task_id)
             catalog.open_task(task_id, self.retention.to_json())
 
+    @property
+    def tools(self) -> frozenset[str]:
+        """spillbox's model-facing tools offered to the model: the notices' hints name them."""
+        return self._admission.tools
+
     def register_tools(self, names: Iterable[str]) -> None:
         """Say which of spillbox's tools the model is offered (Toolset.names): from now on
         the notices' hints name them, with ready-to-send arguments."""
-        self.tools = frozenset(names)
+        self._admission.tools = frozenset(names)
+
+    def next_call_id(self, tool: str) -> str:
+        """An id for a call of tool that no process on this task gives out again (what an
+        MCP proxy names the calls it gates with: git_log_1, git_log_2, ...). A name no
+        catalog can hold is counted escaped: admit() refuses its result by the name."""
+        if not_text(tool) is not None:
+            tool = tool.encode("unicode_escape").decode("ascii")
+        return self.harness.catalog.next_call_id(self.id, tool)
 
     def admit(self, results: Sequence[ToolResult], remaining: int | None = None) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate).
@@ -296,116 +316,33 @@ class Task(_ClosedOnExit):
         neither the sandbox nor the model, inline or offloaded; the access log records each
         redaction (counts per kind, never a secret).
 
-        A result the task cannot take (see _refusal) gets a one-line error in its place,
-        reason "refused"; the step's other results are gated as if it were not there.
+        A result the task cannot take (over Policy.max_result_bytes, or a call id or tool
+        name no catalog can hold) gets a one-line error in its place, reason "refused"; the
+        step's other results are gated as if it were not there.
         """
-        refused = {i: no for i, r in enumerate(results) if (no := self._refusal(r)) is not None}
-        results = [r for i, r in enumerate(results) if i not in refused]
-        redacted: dict[int, Redaction] = {}
-        if self.retention.redact:
-            results = [self._redacted(result, redacted) for result in results]
-        with self._lock:
-            self._redactions = redacted
-            try:
-                decisions = admit(results, self.policy, self.counter, self._offload, remaining)
-            finally:
-                self._redactions = {}
-        for d in decisions:
-            found = redacted.get(id(d.result))
-            if d.artifact is None and found is not None and found.count:
-                self.harness.catalog.log(
-                    self.id, None, "redact", d.result.tool, found.audit_detail(d.result.call_id)
-                )
-        # Start the sandbox only now, while the model reads this step: a container start
-        # competing for the cores would slow this step's offloads several times over.
-        self.harness.backend.warm(self.storage)
-        gated = iter(
-            Admitted(
-                call_id=d.result.call_id,
-                tool=d.result.tool,
-                text=d.text,
-                offloaded=d.artifact is not None,
-                reason=d.reason,
-                tokens=d.tokens.tokens if d.tokens else None,
-                tokens_exact=d.tokens.exact if d.tokens else None,
-                inline_tokens=d.inline_tokens,
-                artifact=d.artifact,
-                is_error=d.result.is_error,
-            )
-            for d in decisions
-        )
-        return [
-            next(gated) if i not in refused else refused[i]
-            for i in range(len(results) + len(refused))
-        ]
-
-    def _refusal(self, result: ToolResult) -> Admitted | None:
-        """A one-line error in place of a result the task cannot take: over the policy's
-        max_result_bytes (counted before any copy is made), or with a call id or tool name
-        that no catalog can hold (a lone surrogate, a NUL). None for a result the gate can
-        take."""
-        why = None
-        for what, ident in (("call id", result.call_id), ("tool name", result.tool)):
-            bad = _not_text(ident)
-            if bad is not None:
-                why = f"its {what} {ident!r} {bad}; call the tool again"
-                break
-        if why is None:
-            cap, size = self.policy.max_result_bytes, result.size()
-            if size <= cap:
-                return None
-            why = (
-                f"it is {size} bytes, over the {cap}-byte cap on one result "
-                "(Policy.max_result_bytes); ask the tool for less (a page, a filter, a limit)"
-            )
-        text = f"[spillbox] result refused, nothing was stored: {why}"
-        return Admitted(
-            call_id=result.call_id,
-            tool=result.tool,
-            text=text,
-            offloaded=False,
-            reason="refused",
-            tokens=None,
-            tokens_exact=None,
-            inline_tokens=self.counter.count(text),
-            artifact=None,
-            is_error=True,
-        )
+        return self._admission.admit(results, remaining)
 
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted:
         """Store one result now, whatever its size, and return its notice (compaction)."""
-        data, text = result.payload()
-        tokens = None if text is None else total(self.counter, text)
-        with self._lock:
-            artifact, notice, notice_tokens = self._offload(
-                Offload(result, data, text, reason, tokens, PerCallLimit.of(self.policy))
-            )
-        return Admitted(
-            call_id=result.call_id,
-            tool=result.tool,
-            text=notice,
-            offloaded=True,
-            reason=reason,
-            tokens=tokens.tokens if tokens else None,
-            tokens_exact=tokens.exact if tokens else None,
-            inline_tokens=notice_tokens,
-            artifact=artifact,
-            is_error=result.is_error,
-        )
+        return self._admission.offload(result, reason)
+
+    def append(self, result: ToolResult, reason: Reason = "compaction") -> Admitted:
+        """Append one result's payload to the task's artifact of its call id, in place (the
+        first append stores it), and return the whole artifact's notice: for a payload
+        that grows by whole lines, as the task's history does (spillbox.history)."""
+        return self._admission.append(result, reason)
 
     def store_file(self, name: str, data: bytes, tool: str) -> Artifact:
         """Store a file a script left in /sandbox/outputs as an artifact of the task, byte
         for byte (redacted first if the policy says so), under its own name where that is
         plain, held to the retention policy and its quota like any offload."""
-        result = ToolResult(call_id=name, tool=tool, content=data, file_name=name)
-        refusal = self._refusal(result)
-        if refusal is not None:
-            raise ConfigError(refusal.text.removeprefix("[spillbox] "))
-        payload, text = result.payload()
-        request = Offload(result, payload, text, "output", None, PerCallLimit.of(self.policy))
-        with self._lock:
-            artifact, _, _ = self._offload(request)
-        return artifact
+        return self._admission.store_file(name, data, tool)
+
+    def redacted(self, text: str, source: str) -> str:
+        """text with its secrets replaced under a redacting policy (as it is under another),
+        each replacement logged as what source returned: for what reaches the model around
+        the gate (an MCP server's resources and prompts)."""
+        return self._admission.redacted(text, source)
 
     def exec(
         self,
@@ -423,95 +360,48 @@ class Task(_ClosedOnExit):
         first.
         """
         backend, storage = self.harness.backend, self.storage
-        return codemode.run(
-            self,
-            lambda lang, code, timeout, call: backend.exec(storage, lang, code, timeout, call),
-            lang,
-            code,
-            timeout,
-            artifact,
-            session,
-            reset_session,
-        )
+        started = time.perf_counter()
+        try:
+            return codemode.run(
+                self,
+                lambda request: backend.exec(storage, request),
+                lang,
+                code,
+                timeout,
+                artifact,
+                session,
+                reset_session,
+            )
+        finally:
+            metrics.executed(lang, time.perf_counter() - started)
 
     def artifacts(self, include_deleted: bool = False) -> list[ArtifactRow]:
         """The task's artifacts, oldest first (with tombstones if asked)."""
         return self.harness.catalog.artifacts(self.id, include_deleted)
 
     def artifact(self, ref: str) -> ArtifactRow:
-        """A live artifact by call id, path, id or file name (in the order Catalog.find
-        tries them); a clear error if gone."""
-        row = self.harness.catalog.find(self.id, ref)
-        if row is None:
-            raise ConfigError(
-                f"task {self.id!r} has no artifact {ref!r}: "
-                f"list them with `spillbox artifacts {self.id}`"
-            )
-        if row.state == "deleted":
-            raise RetentionError(row.tombstone())
-        return row
+        """A live artifact by call id, path, id or file name; a clear error if gone (or
+        lost with its host)."""
+        return self._access.find(ref)
 
     def read(self, ref: str | ArtifactRow, actor: str = "harness") -> bytes:
         """The bytes of an artifact, by reference or as already looked up (logged as a read)."""
-        row = self.artifact(ref) if isinstance(ref, str) else ref
-        data = self.harness.backend.read(self.storage, row.name)
-        self.accessed(row, "read", actor)
-        return data
-
-    def redacted(self, text: str, source: str) -> str:
-        """text with its secrets replaced under a redacting policy (as it is under another),
-        each replacement logged as what source returned: for what reaches the model around
-        the gate (an MCP server's resources and prompts)."""
-        if not self.retention.redact:
-            return text
-        redaction = redact_payload(text.encode("utf-8", "surrogatepass"))
-        if not redaction.count:
-            return text
-        self.harness.catalog.log(self.id, None, "redact", source, redaction.audit_detail())
-        return redaction.data.decode("utf-8", "surrogatepass")
+        return self._access.read(ref, actor)
 
     def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
         """Log a read or query; with TTL counted from access, push the expiry back."""
-        catalog = self.harness.catalog
-        catalog.touch(self.id, row.artifact_id, expiry_after_access(self.retention, time.time()))
-        catalog.log(
-            self.id, row.artifact_id, "query" if action == "query" else "read", actor, detail
-        )
+        self._access.accessed(row, action, actor, detail)
 
     def export(self, ref: str, dest: str | Path, actor: str = "harness") -> Path:
         """Copy an artifact out of the sandbox, if the policy allows; always logged."""
-        row = self.artifact(ref)
-        target = Path(dest).expanduser()
-        catalog = self.harness.catalog
-        if self.retention.export != "allow":
-            catalog.log(self.id, row.artifact_id, "export_denied", actor, str(target))
-            raise RetentionError(
-                f"export of {row.artifact_id} is denied by the retention policy of task {self.id}: "
-                "open the task with --export allow to permit it"
-            )
-        if target.is_dir():
-            target = target / row.name
-        if target.exists() or target.is_symlink():
-            raise ConfigError(f"{target} already exists: choose another destination")
-        data = self.harness.backend.read(self.storage, row.name)
-        if hashlib.sha256(data).hexdigest() != row.sha256:
-            raise RetentionError(
-                f"artifact {row.artifact_id} no longer matches its recorded sha256: not exported"
-            )
-        write_new(target, data)
-        catalog.log(self.id, row.artifact_id, "export", actor, str(target))
-        return target
+        return self._access.export(ref, dest, actor)
 
     def pin(self, ref: str, actor: str = "harness") -> ArtifactRow:
         """Put an artifact under legal hold: nothing deletes it until unpinned."""
-        row = self.artifact(ref)
-        self.harness.catalog.set_pinned(self.id, row.artifact_id, True, actor)
-        return self.artifact(row.artifact_id)
+        return self._access.pin(ref, True, actor)
 
     def unpin(self, ref: str, actor: str = "harness") -> ArtifactRow:
-        row = self.artifact(ref)
-        self.harness.catalog.set_pinned(self.id, row.artifact_id, False, actor)
-        return self.artifact(row.artifact_id)
+        return self._access.pin(ref, False, actor)
 
     def delete(self, ref: str, by: str = "manual") -> None:
         """Delete one artifact now (payload, derived copies); its row stays as a tombstone."""
@@ -540,7 +430,7 @@ class Task(_ClosedOnExit):
             hold()
         if not self.harness._holding(self.id):  # no other Task object here has it open
             self.harness.backend.release(self.storage)
-        with unless_open(self.storage) as last:
+        with self.storage.unless_open() as last:
             if not last:
                 return  # another process (or Task object) still has it open: it stays open
             if self.retention.keep_after_close == 0:
@@ -550,33 +440,3 @@ class Task(_ClosedOnExit):
                 self.harness.backend.stop_sandbox(self.storage)
                 deadline = close_deadline(self.retention, time.time())
                 self.harness.catalog.close_task(self.id, deadline)
-
-    def _offload(self, request: Offload) -> tuple[Artifact, str, int]:
-        return offload(self._destination, request, self._redactions.get(id(request.result)))
-
-    @staticmethod
-    def _redacted(result: ToolResult, redacted: dict[int, Redaction]) -> ToolResult:
-        """The result with its secrets replaced (as it was, if it is not text or has none);
-        what was replaced is kept in `redacted`, by the returned result's identity."""
-        data, text = result.payload()
-        if text is None:
-            return result
-        redaction = redact_payload(data)
-        if redaction.count:
-            result = replace(result, content=redaction.data.decode("utf-8"))
-        redacted[id(result)] = redaction
-        return result
-
-    def _hints(self, artifact: Artifact) -> list[Hint]:
-        return tool_hints(codemode.hints(artifact, self.languages), artifact, self.tools)
-
-
-def _not_text(ident: str) -> str | None:
-    """What makes an id text no catalog can hold (a lone surrogate, or a NUL, which Postgres
-    refuses), and where; None if it is valid text."""
-    try:
-        ident.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return f"holds a lone surrogate at position {e.start} (not valid Unicode)"
-    at = ident.find("\0")
-    return None if at < 0 else f"holds a NUL character at position {at}"

@@ -9,18 +9,17 @@ any of them.
     span = history.append(messages)   # span.first..span.last: their lines in the history
     span.admitted.text                # the notice of the history as it now is
 
-An artifact is stored whole under its sha256, so appending stores the history again with
-the new lines after the old ones (its bytes begin with the previous copy's, byte for byte):
-the newest copy holds every turn, never a chain to walk back through. Every copy has the
-call id HISTORY_REF, which is no artifact's id, so that reference always opens the newest;
-line positions never change. The copies it supersedes are left to the task's retention,
-not deleted: deleting an artifact also stops the sandbox's Python session and removes the
-work files made since it was stored (the retention path forgets what a payload may have
-left), a price no append should make the model pay.
+The history is one artifact, grown in place (Task.append): each append writes only its new
+lines after the old ones and updates the artifact's row (size, sha256, tokens) under the
+task's append lock, so appends from several processes land one after another, none lost;
+line positions never change, and N appends store each byte once. Its call id HISTORY_REF
+is no artifact's id, so that reference always opens it. A reader gets the lines its row
+records (Task.read), never an append in progress.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -36,8 +35,8 @@ if TYPE_CHECKING:
 HISTORY_TOOL = "spillbox_history"
 """The tool name the task's history is stored under (list_artifacts shows it)."""
 HISTORY_REF = "spillbox:history"
-"""The call id every copy of the history is stored under; not a plain file name, so no
-artifact id equals it, and read_artifact and Task.artifact find the newest copy by it."""
+"""The call id the history is stored under; not a plain file name, so no artifact id
+equals it, and read_artifact and Task.artifact find the history by it."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,10 @@ class History:
     def __init__(self, task: TaskHandle) -> None:
         self.task = task
         self._row: str | None = None
-        """The artifact id of the history copy _data holds (None: no history yet)."""
+        """The artifact id of the history _data holds (None: no history yet)."""
         self._data = b""
-        self._count = 0
-        """Lines in _data."""
+        self._ends: list[int] = []
+        """Where each line held ends (its byte offset after its "\n")."""
         self._lines: dict[bytes, int] = {}
         """The digest of each line held, to its first position."""
 
@@ -83,41 +82,53 @@ class History:
         """
         self._refresh()
         new: list[bytes] = []
-        positions: list[int] = []
+        known: list[int] = []
         for message in messages:
             line = _line(message)
-            known = self._lines.get(_digest(line)) if skip_known else None
-            if known is None:
-                known = self._count + len(new)
+            at = self._lines.get(_digest(line)) if skip_known else None
+            if at is None:
                 new.append(line)
-            positions.append(known)
-        admitted = self._store(self._data + b"".join(new))
-        return Span(min(positions, default=self._count), max(positions, default=0), admitted)
+            else:
+                known.append(at)
+        admitted = self._store(b"".join(new)) if new else self._stored()
+        assert admitted.artifact is not None  # an offload always has one
+        # Another process may have appended after our refresh: ours are the last len(new)
+        # lines of the history as our append left it.
+        end = bisect.bisect_right(self._ends, admitted.artifact.bytes)
+        positions = known + list(range(end - len(new), end))
+        return Span(min(positions, default=end), max(positions, default=0), admitted)
 
     def _refresh(self) -> None:
         """Follow the task's live history: another History (or process) may have
         appended since, and retention may have removed it."""
         latest = newest(self.task.artifacts())
-        if (latest.artifact_id if latest else None) != self._row:
-            self._row, self._data, self._count, self._lines = None, b"", 0, {}
-            if latest is not None:
-                self._row = latest.artifact_id
-                self._index(self.task.read(latest, actor=HISTORY_TOOL))
+        if latest is None or latest.artifact_id != self._row:
+            self._row, self._data, self._ends, self._lines = None, b"", [], {}
+        if latest is not None and latest.bytes != len(self._data):
+            data = self.task.read(latest, actor=HISTORY_TOOL)
+            self._row = latest.artifact_id
+            if not data.startswith(self._data):  # not grown from what we hold: start over
+                self._data, self._ends, self._lines = b"", [], {}
+            self._index(data[len(self._data) :])
 
     def _index(self, data: bytes) -> None:
         """Take data (whole lines) after what is held, remembering each line's position."""
+        at = len(self._data)
         for line in data.splitlines(keepends=True):
-            self._lines.setdefault(_digest(line), self._count)
-            self._count += 1
+            self._lines.setdefault(_digest(line), len(self._ends))
+            at += len(line)
+            self._ends.append(at)
         self._data += data
 
     def _store(self, data: bytes) -> Admitted:
-        """Store data as the history (the same bytes again: the stored copy's notice)."""
-        admitted = self.task.offload(ToolResult(HISTORY_REF, HISTORY_TOOL, data.decode("utf-8")))
-        assert admitted.artifact is not None  # an offload always stores
-        self._row = admitted.artifact.id
-        self._index(data[len(self._data) :])
+        """Append data (whole lines) to the history; its notice as it now is."""
+        admitted = self.task.append(ToolResult(HISTORY_REF, HISTORY_TOOL, data.decode("utf-8")))
+        self._refresh()
         return admitted
+
+    def _stored(self) -> Admitted:
+        """The notice of the history as it is (nothing new to append)."""
+        return self._store(b"")
 
 
 _BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -132,8 +143,13 @@ def _line(message: Mapping[str, Any]) -> bytes:
 
 
 def newest(rows: Sequence[ArtifactRow]) -> ArtifactRow | None:
-    """The newest live copy of the history among a task's artifacts (oldest first)."""
-    return next((r for r in reversed(rows) if r.tool == HISTORY_TOOL and r.state == "live"), None)
+    """The task's live history among its artifacts (oldest first); the newest, where a
+    catalog from before appends in place still lists older copies."""
+    return next((r for r in reversed(rows) if _is_history(r) and r.state == "live"), None)
+
+
+def _is_history(row: ArtifactRow) -> bool:
+    return row.origin == "append" and row.call_id == HISTORY_REF and row.tool == HISTORY_TOOL
 
 
 def _digest(line: bytes) -> bytes:

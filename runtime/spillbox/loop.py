@@ -146,68 +146,117 @@ def run(
     record_turns: append every turn to the task's history as the loop goes (the turns
     new since the last request, before each model call, and the last answer), so each
     stays recoverable whatever a provider's irreversible compaction removes: for audit and
-    zero-data-retention set-ups. The history is rewritten whole on each append (one
-    artifact per task), so this costs a write of the history per step.
+    zero-data-retention set-ups. Each append writes only the new turns (the history is one
+    artifact per task, grown in place), though it reads the history back for its digest.
     """
     started = time.monotonic()
     toolset = Toolset(task)
     if compactor == "default":
         compactor = _default_compactor(task, model) if budget is not None else None
-    history = History(task) if record_turns else None
-    user_tools = {tool.spec.name: tool for tool in tools}
-    clash = set(user_tools) & set(toolset.names)
-    if clash:
-        raise ConfigError(f"user tools may not reuse spillbox's tool names: {', '.join(clash)}")
-    specs = [tool.spec for tool in tools] + toolset.specs()
-    messages: list[dict[str, Any]] = []
-    if system:
-        messages.append({"role": "system", "content": system})
+    user_tools, specs = _offered(tools, toolset)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})
     result = LoopResult(answer="", messages=messages)
-    counter = task.counter
     definitions = [spec.definition("openai") for spec in specs]
-    recorded = 0
-    """Messages at the start of `messages` already in the history (record_turns)."""
+    recorder = _Recorder(History(task) if record_turns else None)
     try:
         for _ in range(max_steps):
-            if history is not None and recorded < len(messages):
-                history.append(messages[recorded:])
-            recorded = len(messages)
+            recorder.record(messages)
             remaining = None
             if budget is not None:
-                report = budget.check(
-                    {"messages": messages, "tools": definitions}, "chat_completions", compactor
-                )
-                messages[:] = report.request["messages"]
-                recorded = len(messages)  # a compaction's own notice is not a turn
-                result.reports.append(report)
-                remaining = report.room(budget.route_counting("tool_results"))
+                remaining = _check(budget, compactor, messages, definitions, result.reports)
+                recorder.skip(messages)  # a compaction's own notice is not a turn
             turn = model.respond(messages, specs)
             messages.append(_assistant_message(turn))
             if not turn.tool_calls:
                 result.answer = turn.text
                 break
-            calls = [_call(call, user_tools, toolset) for call in turn.tool_calls]
-            admitted = task.admit([tool_result for tool_result, _ in calls], remaining)
-            for (tool_result, images), item in zip(calls, admitted, strict=True):
-                messages.append(_tool_message(tool_result.call_id, item.text, images))
-            result.steps.append(Step(list(turn.tool_calls), admitted))
+            result.steps.append(_step(task, turn, user_tools, toolset, remaining, messages))
         else:
             result.answer = ""
     finally:
-        # The last answer, or what came before a failed call: recorded all the same.
-        if history is not None and recorded < len(messages):
-            history.append(messages[recorded:])
+        recorder.record(messages)  # the last answer, or what came before a failed call
+    result.context_tokens, result.inline_tokens = _tokens(task.counter, messages, result.steps)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _check(
+    budget: Budget,
+    compactor: Compactor | None,
+    messages: list[dict[str, Any]],
+    definitions: list[dict[str, Any]],
+    reports: list[BudgetReport],
+) -> int | None:
+    """Check the history against the budget before a model call (compacted in place when
+    over a soft limit, its report kept); what the tool_results route has left."""
+    report = budget.check(
+        {"messages": messages, "tools": definitions}, "chat_completions", compactor
+    )
+    messages[:] = report.request["messages"]
+    reports.append(report)
+    return report.room(budget.route_counting("tool_results"))
+
+
+def _offered(
+    tools: Sequence[UserTool], toolset: Toolset
+) -> tuple[dict[str, UserTool], list[ToolSpec]]:
+    """The user's tools by name, and the specs the model is offered: the user's, then
+    spillbox's (whose names the user's may not reuse)."""
+    user_tools = {tool.spec.name: tool for tool in tools}
+    clash = set(user_tools) & set(toolset.names)
+    if clash:
+        raise ConfigError(f"user tools may not reuse spillbox's tool names: {', '.join(clash)}")
+    return user_tools, [tool.spec for tool in tools] + toolset.specs()
+
+
+class _Recorder:
+    """record_turns: appends to the task's history the messages new since the last time."""
+
+    def __init__(self, history: History | None) -> None:
+        self.history = history
+        self.recorded = 0
+        """Messages at the start of the loop's messages already in the history."""
+
+    def record(self, messages: list[dict[str, Any]]) -> None:
+        if self.history is not None and self.recorded < len(messages):
+            self.history.append(messages[self.recorded :])
+        self.recorded = len(messages)
+
+    def skip(self, messages: list[dict[str, Any]]) -> None:
+        self.recorded = len(messages)
+
+
+def _step(
+    task: TaskHandle,
+    turn: Turn,
+    user_tools: Mapping[str, UserTool],
+    toolset: Toolset,
+    remaining: int | None,
+    messages: list[dict[str, Any]],
+) -> Step:
+    """Run a turn's calls, gate their results as one step (with what the route has left),
+    and append the tool messages to the history."""
+    calls = [_call(call, user_tools, toolset) for call in turn.tool_calls]
+    admitted = task.admit([tool_result for tool_result, _ in calls], remaining)
+    for (tool_result, images), item in zip(calls, admitted, strict=True):
+        messages.append(_tool_message(tool_result.call_id, item.text, images))
+    return Step(list(turn.tool_calls), admitted)
+
+
+def _tokens(
+    counter: TokenCounter, messages: Sequence[Mapping[str, Any]], steps: Sequence[Step]
+) -> tuple[int, int]:
+    """Tokens of the history as the model saw it, and as it would be with every tool
+    result inline."""
     shown = sum(_message_tokens(counter, m) for m in messages)
     extra = sum(
         (item.tokens or 0) - item.inline_tokens
-        for step in result.steps
+        for step in steps
         for item in step.admitted
         if item.offloaded
     )
-    result.context_tokens, result.inline_tokens = shown, shown + extra
-    result.seconds = time.monotonic() - started
-    return result
+    return shown, shown + extra
 
 
 def _default_compactor(task: TaskHandle, model: Model) -> Compactor:

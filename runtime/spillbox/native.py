@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from spillbox.adapters import tool_results
@@ -176,18 +176,7 @@ def plan_native(
     offered = features(provider, model, capabilities)
     base = NativePlan(provider, model, None, threshold)
     if provider == "responses" and "server_compaction" in offered:
-        params: dict[str, Any] = {
-            "context_management": [{"type": "compaction", "compact_threshold": threshold}],
-            "store": store,
-        }
-        return NativePlan(
-            provider,
-            model,
-            "server_compaction",
-            threshold,
-            params,
-            reason=f"{model} compacts server-side past {threshold:,} input tokens",
-        )
+        return _server_compaction(base, store)
     if provider == "anthropic":
         summary = "compaction" in offered and prefer == "summary"
         if summary and threshold < ANTHROPIC_MIN_COMPACT_TRIGGER:
@@ -200,42 +189,67 @@ def plan_native(
                 )
             summary = False
         if summary:
-            edit = {"type": "compact_20260112", "trigger": _input_tokens(threshold)}
-            return NativePlan(
-                provider,
-                model,
-                "compaction",
-                threshold,
-                {"context_management": {"edits": [edit]}},
-                (ANTHROPIC_COMPACTION_BETA,),
-                reason=f"{model} summarises older context past {threshold:,} input tokens",
-            )
+            return _anthropic_compaction(base)
         if "clear_tool_uses" in offered:
-            edits: list[dict[str, Any]] = [
-                {
-                    "type": "clear_tool_uses_20250919",
-                    "trigger": _input_tokens(threshold),
-                    "keep": {"type": "tool_uses", "value": keep_tool_uses},
-                }
-            ]
-            if "clear_thinking" in offered:
-                # First among the edits: the order Anthropic's context-editing guide gives
-                # when both are used (the guide is not in the stored docs; the SDK's types
-                # accept either order).
-                keep = {"type": "thinking_turns", "value": keep_thinking_turns}
-                edits.insert(0, {"type": "clear_thinking_20251015", "keep": keep})
-            return NativePlan(
-                provider,
-                model,
-                "clear_tool_uses",
-                threshold,
-                {"context_management": {"edits": edits}},
-                (ANTHROPIC_CONTEXT_EDITING_BETA,),
-                keep_tool_uses,
-                reason=f"{model} clears tool results past {threshold:,} input tokens, "
-                f"keeping the last {keep_tool_uses}",
-            )
+            thinking = keep_thinking_turns if "clear_thinking" in offered else None
+            return _anthropic_clearing(base, keep_tool_uses, thinking)
     return _fallback(base, f"{provider} model {model!r} has no native compaction in the table")
+
+
+def _server_compaction(base: NativePlan, store: bool) -> NativePlan:
+    """OpenAI Responses: the server compacts past the threshold."""
+    threshold = base.threshold
+    params: dict[str, Any] = {
+        "context_management": [{"type": "compaction", "compact_threshold": threshold}],
+        "store": store,
+    }
+    return replace(
+        base,
+        feature="server_compaction",
+        params=params,
+        reason=f"{base.model} compacts server-side past {threshold:,} input tokens",
+    )
+
+
+def _anthropic_compaction(base: NativePlan) -> NativePlan:
+    """Anthropic: the API summarises older context past the threshold."""
+    edit = {"type": "compact_20260112", "trigger": _input_tokens(base.threshold)}
+    return replace(
+        base,
+        feature="compaction",
+        params={"context_management": {"edits": [edit]}},
+        betas=(ANTHROPIC_COMPACTION_BETA,),
+        reason=f"{base.model} summarises older context past {base.threshold:,} input tokens",
+    )
+
+
+def _anthropic_clearing(
+    base: NativePlan, keep_tool_uses: int, keep_thinking_turns: int | None
+) -> NativePlan:
+    """Anthropic: the API clears old tool results past the threshold (and old thinking,
+    keeping keep_thinking_turns turns', where the model offers it: not None)."""
+    edits: list[dict[str, Any]] = [
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": _input_tokens(base.threshold),
+            "keep": {"type": "tool_uses", "value": keep_tool_uses},
+        }
+    ]
+    if keep_thinking_turns is not None:
+        # First among the edits: the order Anthropic's context-editing guide gives
+        # when both are used (the guide is not in the stored docs; the SDK's types
+        # accept either order).
+        keep = {"type": "thinking_turns", "value": keep_thinking_turns}
+        edits.insert(0, {"type": "clear_thinking_20251015", "keep": keep})
+    return replace(
+        base,
+        feature="clear_tool_uses",
+        params={"context_management": {"edits": edits}},
+        betas=(ANTHROPIC_CONTEXT_EDITING_BETA,),
+        keep_tool_uses=keep_tool_uses,
+        reason=f"{base.model} clears tool results past {base.threshold:,} input tokens, "
+        f"keeping the last {keep_tool_uses}",
+    )
 
 
 def _fallback(base: NativePlan, why: str) -> NativePlan:

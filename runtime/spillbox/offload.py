@@ -8,18 +8,24 @@ so the path reads, and is tested, without a harness:
 
     destination = Destination(task_id="t1", storage=..., catalog=..., ...)
     artifact, notice, notice_tokens = offload(destination, request)
+
+`append(destination, request)` is the same path for an artifact that grows (a task's
+history): redact -> append the new bytes in place (quota, file, catalog row) -> notice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from spillbox.catalog import Catalog
+from spillbox import metrics
+from spillbox.catalog import Catalog, appends
 from spillbox.config import Policy
+from spillbox.errors import RetentionError, StorageError
 from spillbox.gate import Offload
 from spillbox.notice import Hint, NoticeFacts, render
 from spillbox.profile import profile
@@ -27,7 +33,7 @@ from spillbox.redaction import Redaction, redact_payload
 from spillbox.retention import Retention, expires_at, quota_evictions
 from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, safe_name
 from spillbox.tokens import TokenCounter, total
-from spillbox.types import Artifact, ArtifactRow, Shape
+from spillbox.types import Artifact, ArtifactRow, Origin, Shape, TokenCount
 
 _EXTENSION = re.compile(r"[A-Za-z0-9]{1,10}")
 """An output file's own extension, kept where it is this plain."""
@@ -52,6 +58,10 @@ class Destination:
     """Deletes an artifact everywhere (payload, derived copies): what a quota evicts."""
 
 
+OffloadPath = Callable[[Destination, Offload, Redaction | None], tuple[Artifact, str, int]]
+"""offload or append: stores one request, returns (artifact, notice, notice tokens)."""
+
+
 def offload(
     dest: Destination, request: Offload, redacted: Redaction | None = None
 ) -> tuple[Artifact, str, int]:
@@ -61,32 +71,148 @@ def offload(
     redacted: what redaction already replaced in this result (Task.admit redacts a step's
     results before the gate); None to redact here, as the policy says.
     """
-    result, data, text = request.result, request.data, request.text
-    redaction = redacted
-    if redaction is None and dest.retention.redact:
-        # Text or not: a payload that is not UTF-8 or holds a NUL is scanned as its bytes,
-        # so neither the store nor the notice's head_hex keeps a secret. Everything after
-        # this point (stored bytes, shape, keys, previews, hints, token count) comes from
-        # the redacted payload: the notice shows no secret.
-        redaction = redact_payload(data)
-        if redaction.count:
-            data = redaction.data
-            if text is not None:
-                text = data.decode("utf-8")
-                request = replace(request, tokens=total(dest.counter, text))
-    redactions = redaction.count if redaction else 0
-    shape = profile(data, text)
+    request, redaction = _redacted(dest, request, redacted)
+    shape = profile(request.data, request.text)
+    name = _file_name(request, shape)
     # The host writes the payload into the task's storage, never through the sandbox.
-    with dest.storage.stage(data) as staged:
+    with dest.storage.stage(request.data, want=name) as staged:
         # The same bytes again (a tool repeating itself, a script printing an artifact
         # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
-        same = dest.catalog.identical(dest.task_id, staged.sha256, len(data))
+        same = dest.catalog.identical(dest.task_id, staged.sha256, staged.bytes)
         if same is not None:
-            stored = StoredFile(
-                same.name, dest.storage.offload / same.name, staged.sha256, len(data)
-            )
+            host_path = dest.storage.offload / same.name
+            stored = StoredFile(same.name, host_path, same.sha256, same.bytes)
         else:
-            stored = _publish(dest, staged, request, shape, redaction)
+            origin: Origin = "file" if request.reason == "output" else "call"
+            stored = _publish(dest, staged, request, shape, redaction, origin, name)
+    return _stored(dest, request, stored, shape, redaction, stored.bytes)
+
+
+def append(
+    dest: Destination, request: Offload, redacted: Redaction | None = None
+) -> tuple[Artifact, str, int]:
+    """Append one result's payload to the task's appendable artifact of its call id (a new
+    one, origin "append", if it has none live) and return the whole artifact, its notice
+    and the notice's tokens.
+
+    Only the new bytes are written: the file grows in place, and its catalog row's size,
+    sha256 and tokens follow in one update, logged with the new sha256. Under the task's
+    append lock, so that appends from several processes land one after another, none lost.
+    """
+    request, redaction = _redacted(dest, request, redacted)
+    with dest.storage.appending():
+        row = appends.appendable(dest.catalog, dest.task_id, request.result.call_id)
+        grown = None if row is None else _grow(dest, row, request, redaction)
+        if grown is None:  # the first append, or the artifact was deleted meanwhile: a new one
+            whole, shape = request, profile(request.data, request.text)
+            name = _file_name(request, shape)
+            with dest.storage.stage(request.data, want=name) as staged:
+                stored = _publish(dest, staged, request, shape, redaction, "append", name)
+        else:
+            stored, whole = grown
+            shape = profile(whole.data, whole.text)
+    return _stored(dest, whole, stored, shape, redaction, len(request.data))
+
+
+def _redacted(
+    dest: Destination, request: Offload, redacted: Redaction | None
+) -> tuple[Offload, Redaction | None]:
+    """The request with its payload redacted, if the policy says so and it was not yet."""
+    if redacted is not None or not dest.retention.redact:
+        return request, redacted
+    # Text or not: a payload that is not UTF-8 or holds a NUL is scanned as its bytes,
+    # so neither the store nor the notice's head_hex keeps a secret. Everything after
+    # this point (stored bytes, shape, keys, previews, hints, token count) comes from
+    # the redacted payload: the notice shows no secret.
+    redaction = redact_payload(request.data)
+    if redaction.count:
+        text = None if request.text is None else redaction.data.decode("utf-8")
+        tokens = None if text is None else total(dest.counter, text)
+        request = replace(request, data=redaction.data, text=text, tokens=tokens)
+    return request, redaction
+
+
+def _grow(
+    dest: Destination, row: ArtifactRow, request: Offload, redaction: Redaction | None
+) -> tuple[StoredFile, Offload] | None:
+    """Append request's bytes to row's payload under the task's append lock: the stored
+    file and the request for the whole artifact, or None if the row was deleted meanwhile."""
+    old = dest.storage.read(row.name)[: row.bytes]
+    if len(old) != row.bytes or hashlib.sha256(old).hexdigest() != row.sha256:
+        raise StorageError(
+            f"artifact {row.artifact_id} of task {dest.task_id} no longer matches its recorded "
+            "size and sha256: nothing was appended; delete it to start it again"
+        )
+    data = old + request.data
+    text = None if request.text is None else data.decode("utf-8")
+    tokens = request.tokens
+    if tokens is not None and row.tokens is not None:
+        # Every append ends a line: the encoders' pre-tokenisers split there, so the
+        # tokens of the whole are the sum of the parts'.
+        tokens = TokenCount(row.tokens + tokens.tokens, bool(row.tokens_exact) and tokens.exact)
+    whole = replace(request, data=data, text=text, tokens=tokens)
+    now = time.time()
+    grown = replace(
+        row,
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        tokens=tokens.tokens if tokens else None,
+        tokens_exact=tokens.exact if tokens else None,
+        last_access_at=now,
+        expires_at=expires_at(dest.retention, now),
+        redactions=row.redactions + (redaction.count if redaction else 0),
+    )
+    stored = StoredFile(row.name, dest.storage.offload / row.name, grown.sha256, grown.bytes)
+    if not request.data:
+        return stored, whole  # nothing new: nothing to write or to log
+    with _quota(dest, row.artifact_id, grown.bytes):
+        try:
+            dest.storage.append(row.name, row.bytes, request.data)
+        except StorageError:
+            if appends.appendable(dest.catalog, dest.task_id, row.call_id) == row:
+                raise
+            return None  # deleted meanwhile (retention, a quota): its turns went with it
+        redacted = None if redaction is None or not redaction.count else redaction.audit_detail()
+        if not appends.grow(dest.catalog, row, grown, row.tool, redacted):
+            return None
+    return stored, whole
+
+
+@contextmanager
+def _quota(dest: Destination, growing: str | None, size: int) -> Iterator[None]:
+    """Room under the task's quota for a payload of `size` bytes, new or (growing: its
+    artifact id) an artifact grown to that size: the other artifacts evicted, oldest first.
+
+    Held until the block ends (the task's lock), so that harness processes filling one
+    task at once cannot each find room for the same last slot."""
+    policy = dest.retention
+    if policy.max_bytes is None and policy.max_artifacts is None:
+        yield
+        return
+    with dest.storage.locked():
+        live = dest.catalog.artifacts(dest.task_id)
+        others = [r for r in live if r.artifact_id != growing]
+        try:
+            evictions = quota_evictions(policy, dest.task_id, others, size)
+        except RetentionError:
+            metrics.quota_refused()
+            raise
+        for evicted in evictions:
+            dest.evict(evicted)
+        yield
+
+
+def _stored(
+    dest: Destination,
+    request: Offload,
+    stored: StoredFile,
+    shape: Shape,
+    redaction: Redaction | None,
+    added: int,
+) -> tuple[Artifact, str, int]:
+    """The stored payload as an artifact, its notice and the notice's tokens; `added`: the
+    bytes this offload stored."""
+    result = request.result
     artifact = Artifact(
         id=stored.artifact_id,
         task_id=dest.task_id,
@@ -100,7 +226,10 @@ def offload(
         shape=shape,
         tokens=request.tokens,
     )
-    notice, notice_tokens = _notice(dest, request, artifact, data, text or "", redactions)
+    redactions = redaction.count if redaction else 0
+    notice, notice_tokens = _notice(dest, request, artifact, redactions)
+    kept_out = request.tokens.tokens - notice_tokens if request.tokens else 0
+    metrics.offloaded(request.reason, added, kept_out)
     return artifact, notice, notice_tokens
 
 
@@ -110,20 +239,13 @@ def _publish(
     request: Offload,
     shape: Shape,
     redaction: Redaction | None,
+    origin: Origin,
+    name: tuple[str, str],
 ) -> StoredFile:
-    """Make room under the quota, make the payload visible and record it.
-
-    With a quota the three hold the task's lock, so that harness processes filling one
-    task at once cannot each find room for the same last slot.
-    """
-    policy = dest.retention
-    quota = policy.max_bytes is not None or policy.max_artifacts is not None
-    with dest.storage.locked() if quota else nullcontext():
-        if quota:
-            live = dest.catalog.artifacts(dest.task_id)
-            for row in quota_evictions(policy, dest.task_id, live, staged.bytes):
-                dest.evict(row)
-        stem, extension = _file_name(request, shape)
+    """Make room under the quota, make the payload visible (as name's stem and extension,
+    or the first free stem after it) and record it as from origin."""
+    with _quota(dest, None, staged.bytes):
+        stem, extension = name
         refused: set[str] = set()
         while True:
             # An id the catalog knows, a tombstone's too, is never given again; one that
@@ -134,7 +256,7 @@ def _publish(
                 reserved=lambda s: s in refused or dest.catalog.id_taken(dest.task_id, s),
             )
             try:
-                if _record(dest, request, stored, shape, redaction):
+                if _record(dest, request, stored, shape, redaction, origin):
                     return stored
             except BaseException:
                 dest.storage.remove(stored.name)  # no payload without its row
@@ -149,6 +271,7 @@ def _record(
     stored: StoredFile,
     shape: Shape,
     redaction: Redaction | None,
+    origin: Origin,
 ) -> bool:
     """Record the published payload as a new artifact; False if its id was taken."""
     result, tokens = request.result, request.tokens
@@ -173,7 +296,7 @@ def _record(
         deleted_at=None,
         deleted_by=None,
         kind=shape.kind,
-        origin="file" if request.reason == "output" else "call",
+        origin=origin,
     )
     redacted = None if redaction is None else redaction.audit_detail()
     return dest.catalog.add_artifact(row, redacted=redacted)
@@ -192,14 +315,9 @@ def _file_name(request: Offload, shape: Shape) -> tuple[str, str]:
 
 
 def _notice(
-    dest: Destination,
-    request: Offload,
-    artifact: Artifact,
-    data: bytes,
-    text: str,
-    redactions: int,
+    dest: Destination, request: Offload, artifact: Artifact, redactions: int
 ) -> tuple[str, int]:
-    policy = dest.policy
+    policy, data, text = dest.policy, request.data, request.text or ""
     span = 2 * policy.preview_chars
     facts = NoticeFacts(
         reason=request.reason,

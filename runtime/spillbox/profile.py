@@ -14,7 +14,7 @@ import io
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
@@ -62,6 +62,19 @@ _LONG_STRING = 1024
 costs a few rfind calls whatever its length."""
 
 _SNIFF_LINES = 20
+LONG_STRING_CHARS = 256
+"""A run of base64 (or hex) characters this long makes a JSON payload's shape say
+long_strings: its hints show long strings cut, so that they answer in a few lines."""
+BINARY_WINDOWS = 16
+BINARY_WINDOW_BYTES = 16 * 1024
+"""Where a large payload is looked at for such runs: windows spread over it (a payload
+whose blobs are a good share of its bytes has them in some window; a full scan of a
+70 MB payload took a second here)."""
+_BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-\\"
+"""Base64's characters, base64url's and the backslash of JSON's escaped slash."""
+_AS_RUNS = bytes(0x61 if i in _BASE64 else 0x20 for i in range(256))
+"""Each byte as "a" if base64, else a space: a long run is then a plain find (a regex
+backtracks over every shorter run, quadratically)."""
 
 
 def profile(data: bytes, text: str | None) -> Shape:
@@ -70,12 +83,9 @@ def profile(data: bytes, text: str | None) -> Shape:
         return Shape(kind="binary", mime=_sniff_mime(data))
     stripped = text.lstrip()
     if stripped[:1] in ("[", "{"):
-        shape = _json_shape(data)
+        shape = _json_shape(data) or _ndjson_shape(data, text)
         if shape is not None:
-            return shape
-        ndjson = _ndjson_shape(data, text)
-        if ndjson is not None:
-            return ndjson
+            return replace(shape, long_strings=_has_binary_string(data))
     elif (
         stripped[:1] in ('"', "-")
         or stripped[:1].isdigit()
@@ -91,6 +101,19 @@ def profile(data: bytes, text: str | None) -> Shape:
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SEGMENT = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\.?\[("(?:[^"\\]|\\.)*")\]')
+
+
+def _has_binary_string(data: bytes) -> bool:
+    """Whether data holds a run of LONG_STRING_CHARS base64 characters (within the windows
+    looked at: all of it up to BINARY_WINDOWS * BINARY_WINDOW_BYTES)."""
+    run = b"a" * LONG_STRING_CHARS
+    if len(data) <= BINARY_WINDOWS * BINARY_WINDOW_BYTES:
+        return data.translate(_AS_RUNS).find(run) >= 0
+    step = (len(data) - BINARY_WINDOW_BYTES) // (BINARY_WINDOWS - 1)
+    return any(
+        data[at : at + BINARY_WINDOW_BYTES].translate(_AS_RUNS).find(run) >= 0
+        for at in range(0, len(data) - BINARY_WINDOW_BYTES + 1, step)
+    )
 
 
 def path_text(path: tuple[str, ...]) -> str:
@@ -279,7 +302,7 @@ def _streamed_shape(data: bytes) -> Shape | None:
 
 
 def _streamed_array(data: bytes) -> Shape | None:
-    """A JSON array, or None.
+    """A JSON array, or None (an object is _streamed_object's).
 
     basic_parse, not parse: parse builds a path string for every event, which costs
     memory quadratic in the nesting depth (100 KB of "[" exhausted 4 GB).
@@ -288,10 +311,8 @@ def _streamed_array(data: bytes) -> Shape | None:
     top: str | None = None
     finished = False
     depth = 0  # containers open before the current event
-    key: str | None = None  # the top-level object key whose value comes next
     element_kinds: set[str] = set()
     keys: dict[str, None] = {}
-    nested: dict[str, str] = {}
     elements = 0
     parsed_upto = 0
     try:
@@ -300,52 +321,43 @@ def _streamed_array(data: bytes) -> Shape | None:
         for event, value in ijson.basic_parse(stream):
             if top is None:
                 top = event
-                if top not in ("start_array", "start_map"):
+                if top != "start_array":
                     return None
             opens = event in ("start_map", "start_array")
             closes = event in ("end_map", "end_array")
-            # The level of the value the event belongs to: 0 is the top value, 1 its
-            # elements or the values of its keys; a map_key sits at its value's level.
+            # The level of the value the event belongs to: 0 is the array, 1 its elements;
+            # a map_key sits at its value's level.
             level = depth - 1 if closes else depth
             if closes and level == 0:
                 finished = True  # keep going: trailing data (NDJSON) must raise
-            elif top == "start_array" and level == 1:
+            elif level == 1:
                 if closes or not opens:
                     elements += 1
                     parsed_upto = stream.tell()
                 if event in _KIND_NAMES:
                     element_kinds.add(_KIND_NAMES[event])
-            elif top == "start_array" and level == 2 and event == "map_key":
+            elif level == 2 and event == "map_key":
                 keys.setdefault(str(value), None)
-            elif top == "start_map" and level == 1:
-                if event == "map_key":
-                    key = str(value)
-                    keys.setdefault(key, None)
-                elif key is not None and event in _KIND_NAMES:
-                    nested.setdefault(key, _KIND_NAMES[event])
             depth += 1 if opens else -1 if closes else 0
             read = stream.tell()
-            if read > PROFILE_BUDGET_BYTES and (
-                elements or top == "start_map" or read > 4 * PROFILE_BUDGET_BYTES
-            ):
+            if read > PROFILE_BUDGET_BYTES and (elements or read > 4 * PROFILE_BUDGET_BYTES):
                 break
     except ijson.JSONError:
         return None
-    if top == "start_array":
-        if finished:
-            count: int | None = elements
-        else:
-            count = _estimate(elements * len(data) / parsed_upto) if elements else None
-        return Shape(
-            kind="json_array",
-            count=count,
-            count_exact=finished,
-            element=_element_name(element_kinds),
-            keys=tuple(keys),
-        )
-    if top == "start_map":
-        return Shape(kind="json_object", keys=tuple(keys), nested=nested, count_exact=finished)
-    return None
+    if top is None:
+        return None
+    return Shape(
+        kind="json_array",
+        count=elements if finished else _extrapolated(elements, parsed_upto, len(data)),
+        count_exact=finished,
+        element=_element_name(element_kinds),
+        keys=tuple(keys),
+    )
+
+
+def _extrapolated(elements: int, parsed_upto: int, size: int) -> int | None:
+    """An array's count from the elements parsed in its first parsed_upto bytes of size."""
+    return _estimate(elements * size / parsed_upto) if elements else None
 
 
 @dataclass
@@ -371,6 +383,41 @@ class _Frame:
 def _streamed_object(data: bytes) -> Shape | None:
     """A JSON object from its first PROFILE_BUDGET_BYTES, and its last TAIL_BUDGET_BYTES
     read backwards when it is longer; None if the payload is not one JSON object."""
+    head = _object_head(data)
+    if head is None:
+        return None
+    facts = {id(frame): _facts(frame) for frame in head.arrays}
+    complete = head.finished or _join_tail(data, head, facts)
+    return Shape(
+        kind="json_object",
+        keys=tuple(head.keys),
+        nested=head.nested,
+        count_exact=complete,
+        arrays=tuple(facts.values()),
+    )
+
+
+@dataclass
+class _Head:
+    """What the head of a JSON object, parsed forwards, showed."""
+
+    stack: list[_Frame]
+    """The containers still open where parsing stopped, outermost first."""
+    keys: dict[str, None]
+    """The top-level keys, in order."""
+    nested: dict[str, str]
+    """The kind of each top-level key's value."""
+    arrays: list[_Frame]
+    """The arrays reached through keys (at most MAX_ARRAYS)."""
+    finished: bool
+    """The object closed in the part parsed."""
+    read: int
+    """Bytes parsed."""
+
+
+def _object_head(data: bytes) -> _Head | None:
+    """Parse a JSON object forwards up to the budget; None if it is not one (or the part
+    read is not JSON)."""
     stream = io.BytesIO(data)
     stack: list[_Frame] = []
     keys: dict[str, None] = {}
@@ -417,41 +464,39 @@ def _streamed_object(data: bytes) -> Shape | None:
         return None
     if not stack and not finished:
         return None
-    facts = {id(frame): _facts(frame) for frame in arrays}
-    complete = finished
-    if not finished:
-        tail = _tail_frames(data, read)
-        for frame in stack:
-            if frame.kind == "array" and id(frame) in facts:
-                facts[id(frame)] = _facts(frame, end=None)  # where it ends is not known yet
-        paired = 0
-        for depth, (frame, back) in enumerate(zip(stack, tail, strict=False)):
-            if not _one_container(frame, back):
-                break
-            paired += 1
-            if frame.kind == "array" and id(frame) in facts:
-                facts[id(frame)] = _facts(frame, end=back.end)
-            for key, kind, counted in reversed(back.members):
-                if depth == 0:
-                    keys.setdefault(key, None)
-                    nested.setdefault(key, kind)
-                if counted is not None and frame.path is not None:
-                    path = (*frame.path, key)
-                    if len(path) <= RECORDS_MAX_DEPTH and len(facts) < MAX_ARRAYS:
-                        exact = not counted.jumped
-                        facts[id(counted)] = ArrayFacts(
-                            path, counted.count, exact, _element_name(counted.kinds)
-                        )
-        # Read backwards to an array that opens where the head read, the same one at
-        # every depth: no key of the object can lie between what the two ends read.
-        complete = paired == len(tail) > 0 and tail[-1].reaches_head
-    return Shape(
-        kind="json_object",
-        keys=tuple(keys),
-        nested=nested,
-        count_exact=complete,
-        arrays=tuple(facts.values()),
-    )
+    return _Head(stack, keys, nested, arrays, finished, read)
+
+
+def _join_tail(data: bytes, head: _Head, facts: dict[int, ArrayFacts]) -> bool:
+    """Read an object the head did not finish backwards from its end, and pair what is
+    open there with what the head left open: the keys found there join the head's, and
+    the arrays' facts (by frame) are counted to where they end. Whether the two ends
+    together saw every key of the object."""
+    tail = _tail_frames(data, head.read)
+    for frame in head.stack:
+        if frame.kind == "array" and id(frame) in facts:
+            facts[id(frame)] = _facts(frame, end=None)  # where it ends is not known yet
+    paired = 0
+    for depth, (frame, back) in enumerate(zip(head.stack, tail, strict=False)):
+        if not _one_container(frame, back):
+            break
+        paired += 1
+        if frame.kind == "array" and id(frame) in facts:
+            facts[id(frame)] = _facts(frame, end=back.end)
+        for key, kind, counted in reversed(back.members):
+            if depth == 0:
+                head.keys.setdefault(key, None)
+                head.nested.setdefault(key, kind)
+            if counted is not None and frame.path is not None:
+                path = (*frame.path, key)
+                if len(path) <= RECORDS_MAX_DEPTH and len(facts) < MAX_ARRAYS:
+                    exact = not counted.jumped
+                    facts[id(counted)] = ArrayFacts(
+                        path, counted.count, exact, _element_name(counted.kinds)
+                    )
+    # Read backwards to an array that opens where the head read, the same one at every
+    # depth: no key of the object can lie between what the two ends read.
+    return paired == len(tail) > 0 and tail[-1].reaches_head
 
 
 def _child_path(parent: _Frame | None) -> tuple[str, ...] | None:
@@ -556,89 +601,141 @@ def _tail_frames(data: bytes, floor: int) -> list[_Back]:
     read, and reading goes on before it: the keys between two arrays are named, and an
     array found to open where the head read is the head's own (reaches_head).
     """
-    stack: list[_Back] = []
-    pending: tuple[str, _Back | None] | None = None  # a value read, its key not yet
-    after_colon = False
-    i = len(data)
-    skipped = 0  # bytes of long strings and long arrays jumped over, not read
-    allowance = TAIL_BUDGET_BYTES
-    jumps = 0
-    while True:
-        while i > floor and data[i - 1] in _WHITESPACE:
-            i -= 1
-        over = len(data) - i - skipped > allowance
-        top = stack[-1] if stack else None
-        if i > floor and top is not None and jumps < _MAX_JUMPS and _may_jump(top, i, over):
-            top.jumped = True
-            jumps += 1
-            start = _array_start(data, floor, i, top)
-            if start is None:  # it opens where the head read
-                top.reaches_head = True
+    return _TailReader(data, floor).read()
+
+
+class _TailReader:
+    """One backward read of a payload, from its end down to floor (see _tail_frames)."""
+
+    def __init__(self, data: bytes, floor: int) -> None:
+        self.data = data
+        self.floor = floor
+        self.i = len(data)
+        """Where reading is: the bytes from i on are read (or jumped over)."""
+        self.stack: list[_Back] = []
+        self.pending: tuple[str, _Back | None] | None = None
+        """A value read, its key not yet."""
+        self.after_colon = False
+        self.skipped = 0
+        """Bytes of long strings and long arrays jumped over, not read."""
+        self.allowance = TAIL_BUDGET_BYTES
+        self.jumps = 0
+
+    def read(self) -> list[_Back]:
+        data, floor = self.data, self.floor
+        while True:
+            while self.i > floor and data[self.i - 1] in _WHITESPACE:
+                self.i -= 1
+            over = len(data) - self.i - self.skipped > self.allowance
+            if self._jumps_now(over):
+                start = self._jump()
+                if start is None:  # it opens where the head read
+                    break
+                if start >= 0:
+                    continue
+            if self.i <= floor or over or not self._token():
                 break
-            if start >= 0:
-                # The elements jumped over, at the rate of those read.
-                top.count = _estimate(top.count * (top.end - start) / (top.end - i))
-                skipped += i - start - 1
-                allowance += TAIL_BUDGET_BYTES
-                i = start + 1
-                continue
-        if i <= floor or over:
-            break
-        char = data[i - 1 : i]
+        return self.stack
+
+    def _jumps_now(self, over: bool) -> bool:
+        top = self.stack[-1] if self.stack else None
+        return (
+            self.i > self.floor
+            and top is not None
+            and self.jumps < _MAX_JUMPS
+            and _may_jump(top, self.i, over)
+        )
+
+    def _jump(self) -> int | None:
+        """Search for where the array being read opens, and go on reading before it (its
+        count estimated): where it opens; None if where the head read, -1 if not found."""
+        top = self.stack[-1]
+        top.jumped = True
+        self.jumps += 1
+        start = _array_start(self.data, self.floor, self.i, top)
+        if start is None:
+            top.reaches_head = True
+        elif start >= 0:
+            # The elements jumped over, at the rate of those read.
+            top.count = _estimate(top.count * (top.end - start) / (top.end - self.i))
+            self.skipped += self.i - start - 1
+            self.allowance += TAIL_BUDGET_BYTES
+            self.i = start + 1
+        return start
+
+    def _token(self) -> bool:
+        """Read the token that ends at i; False where reading stops."""
+        char = self.data[self.i - 1 : self.i]
         if char == b'"':
-            close = i - 1
-            i = _string_start(data, close, floor)
-            if i < 0:
-                break
-            skipped += max(close - i - _LONG_STRING, 0)
-            if after_colon and stack and stack[-1].kind == "object" and pending is not None:
-                if stack[-1].named:
-                    stack[-1].members.append((_decoded(data[i + 1 : close]), *pending))
-                stack[-1].first = (i + 1, close)
-                pending, after_colon = None, False
-                continue
-            kind = "string"
-        elif char in (b"}", b"]"):
-            i -= 1
-            kind = "object" if char == b"}" else "array"
-            parent = stack[-1] if stack else None
-            named = parent is None or (
-                parent.kind == "object" and parent.named and len(stack) <= RECORDS_MAX_DEPTH
-            )
-            entered = _Back(kind, i, named)
-            _read_back(stack, kind, None)
-            stack.append(entered)
-            pending = None
-            continue
-        elif char in (b"{", b"["):
-            i -= 1
-            if not stack:
-                break
-            closed = stack.pop()
-            if not stack:
-                break
-            if closed.first is not None and stack[-1].kind == "array":
-                _started(stack[-1].starts, _decoded(data[closed.first[0] : closed.first[1]]))
-                stack[-1].opening = _opening(data, i, closed.first[1] + 1, floor)
-            # Counted as an element where it ended, at its "}" or "]": not again here.
-            pending = (closed.kind, closed if closed.kind == "array" else None)
-            continue
-        elif char == b":":
-            i -= 1
-            after_colon = True
-            continue
+            return self._string()
+        if char in (b"}", b"]"):
+            self._enter("object" if char == b"}" else "array")
+            return True
+        if char in (b"{", b"["):
+            return self._leave()
+        if char == b":":
+            self.i -= 1
+            self.after_colon = True
         elif char == b",":
-            i -= 1
-            continue
+            self.i -= 1
         else:
-            start = i - 1
-            while start > floor and data[start - 1 : start] not in _STOPS:
-                start -= 1
-            token = data[start:i]
-            i = start
-            kind = "number" if token[:1] in b"-0123456789" else _LITERALS.get(token, "string")
-        pending = _read_back(stack, kind, None)
-    return stack
+            self.pending = _read_back(self.stack, self._scalar(), None)
+        return True
+
+    def _string(self) -> bool:
+        """A string: an object's key (after its value and colon), or a value."""
+        close = self.i - 1
+        self.i = _string_start(self.data, close, self.floor)
+        if self.i < 0:
+            return False
+        self.skipped += max(close - self.i - _LONG_STRING, 0)
+        top = self.stack[-1] if self.stack else None
+        key_of = self.pending if self.after_colon else None  # the value this string keys
+        if key_of is not None and top is not None and top.kind == "object":
+            if top.named:
+                top.members.append((_decoded(self.data[self.i + 1 : close]), *key_of))
+            top.first = (self.i + 1, close)
+            self.pending, self.after_colon = None, False
+        else:
+            self.pending = _read_back(self.stack, "string", None)
+        return True
+
+    def _enter(self, kind: str) -> None:
+        """A container's end: it is entered."""
+        self.i -= 1
+        parent = self.stack[-1] if self.stack else None
+        named = parent is None or (
+            parent.kind == "object" and parent.named and len(self.stack) <= RECORDS_MAX_DEPTH
+        )
+        entered = _Back(kind, self.i, named)
+        _read_back(self.stack, kind, None)
+        self.stack.append(entered)
+        self.pending = None
+
+    def _leave(self) -> bool:
+        """A container's start: it is left (reading stops at the outermost)."""
+        self.i -= 1
+        if not self.stack:
+            return False
+        closed = self.stack.pop()
+        if not self.stack:
+            return False
+        parent = self.stack[-1]
+        if closed.first is not None and parent.kind == "array":
+            _started(parent.starts, _decoded(self.data[closed.first[0] : closed.first[1]]))
+            parent.opening = _opening(self.data, self.i, closed.first[1] + 1, self.floor)
+        # Counted as an element where it ended, at its "}" or "]": not again here.
+        self.pending = (closed.kind, closed if closed.kind == "array" else None)
+        return True
+
+    def _scalar(self) -> str:
+        """A number or literal that ends at i: its kind."""
+        start = self.i - 1
+        while start > self.floor and self.data[start - 1 : start] not in _STOPS:
+            start -= 1
+        token = self.data[start : self.i]
+        self.i = start
+        return "number" if token[:1] in b"-0123456789" else _LITERALS.get(token, "string")
 
 
 _LITERALS = {b"true": "boolean", b"false": "boolean", b"null": "null"}

@@ -15,15 +15,7 @@ from typing import Protocol
 from spillbox.config import Policy
 from spillbox.retention import Retention
 from spillbox.tokens import TokenCounter
-from spillbox.types import (
-    Admitted,
-    Artifact,
-    ArtifactRow,
-    ExecResult,
-    Lang,
-    Reason,
-    ToolResult,
-)
+from spillbox.types import Admitted, Artifact, ArtifactRow, ExecResult, Lang, Reason, ToolResult
 
 
 class TaskHandle(Protocol):
@@ -45,6 +37,8 @@ class TaskHandle(Protocol):
     ) -> list[Admitted]: ...
 
     def offload(self, result: ToolResult, reason: Reason = "compaction") -> Admitted: ...
+
+    def append(self, result: ToolResult, reason: Reason = "compaction") -> Admitted: ...
 
     def store_file(self, name: str, data: bytes, tool: str) -> Artifact: ...
 
@@ -69,3 +63,26 @@ class TaskHandle(Protocol):
     def redacted(self, text: str, source: str) -> str: ...
 
     def register_tools(self, names: Iterable[str]) -> None: ...
+
+    def next_call_id(self, tool: str) -> str: ...
+
+
+class ClosableTask(TaskHandle, Protocol):
+    """A task its opener ends: close() applies its retention."""
+
+    def close(self, delete: bool = False) -> None: ...
+
+
+class SandboxFacts(Protocol):
+    languages: tuple[str, ...]
+    """The code-mode languages its sandboxes run (none with sandbox="none")."""
+
+
+class TaskOpener(Protocol):
+    """What opens tasks by id (spillbox.harness.Harness): a framework integration opens one
+    per run through it, and never imports the harness."""
+
+    @property
+    def backend(self) -> SandboxFacts: ...
+
+    def task(self, task_id: str, retention: Retention | None = None) -> ClosableTask: ...

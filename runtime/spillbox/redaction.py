@@ -52,6 +52,8 @@ from pathlib import Path
 
 import hyperscan
 
+from spillbox import metrics
+
 RULES_FILES = (
     Path(__file__).parent / "redaction_rules" / "gitleaks.toml",
     Path(__file__).parent / "redaction_rules" / "spillbox.toml",
@@ -218,6 +220,7 @@ def redact_payload(data: bytes) -> Redaction:
     if csv_counts:
         data = csv_data
         counts.update(csv_counts)
+    metrics.redacted(counts)
     return Redaction(data, dict(counts))
 
 

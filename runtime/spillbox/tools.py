@@ -47,6 +47,9 @@ TOOL_NAMES = (SANDBOX_EXEC, READ_ARTIFACT, LIST_ARTIFACTS, SEARCH_ARTIFACTS)
 PREFIX = "spillbox_"
 """Put before a tool's name where another tool of the model's set already has that name
 (an MCP server's own tool, behind `spillbox mcp proxy`)."""
+NAMESPACE_END = "__"
+"""Where a client shows an MCP server's tools under a namespace of its own (Claude Code:
+mcp__<server>__<tool>), the tool's own name follows the last NAMESPACE_END."""
 
 Format = Literal["openai", "responses", "anthropic"]
 
@@ -262,9 +265,15 @@ def tool_names(languages: Sequence[str], taken: Collection[str] = ()) -> tuple[s
     return tuple(PREFIX + name if name in taken else name for name in names)
 
 
+def specs_of(names: Sequence[str]) -> list[ToolSpec]:
+    """The specs of spillbox's tools as the model sees them named (tool_names)."""
+    return [replace(SPECS[canonical(name)], name=name) for name in names]
+
+
 def canonical(name: str) -> str:
-    """spillbox's own name for a tool the model sees as name (with or without PREFIX)."""
-    bare = name.removeprefix(PREFIX)
+    """spillbox's own name for a tool the model sees as name (with or without PREFIX, or
+    under a client's namespace)."""
+    bare = name.rpartition(NAMESPACE_END)[2].removeprefix(PREFIX)
     return bare if bare in TOOL_NAMES else name
 
 
@@ -283,22 +292,26 @@ class Toolset:
         python_session: bool = False,
         *,
         register: bool = True,
+        namespace: str = "",
     ) -> None:
         """taken: names of the model's other tools; one of ours that has such a name is
         offered as PREFIX + name (and notices' hints say so).
         python_session: this task's default for python calls that do not say (session
         null): run them in the task's persistent session.
         register: tell the task these are the tools its model is offered, so notices'
-        hints name them (task.register_tools); False for a toolset that is not offered."""
+        hints name them (task.register_tools); False for a toolset that is not offered.
+        namespace: what the model sees before each name, where a client shows the tools
+        under a namespace (Claude Code's mcp__spillbox__ for an MCP server named spillbox):
+        the hints name the tools with it; calls still come by the bare names."""
         self.task = task
         self.python_session = python_session
         self.names = tool_names(task.languages, taken)
         self._signer = CursorSigner(task.home)
         if register:
-            task.register_tools(self.names)
+            task.register_tools(namespace + name for name in self.names)
 
     def specs(self) -> list[ToolSpec]:
-        return [replace(SPECS[canonical(name)], name=name) for name in self.names]
+        return specs_of(self.names)
 
     def definitions(self, fmt: Format = "openai") -> list[dict[str, Any]]:
         return [spec.definition(fmt) for spec in self.specs()]
@@ -596,6 +609,14 @@ def _arguments(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"missing argument(s) {', '.join(missing)}")
     return args
+
+
+def optional_nulls(spec: ToolSpec) -> dict[str, Any]:
+    """spec's parameters for a client that checks a call's arguments against the schema
+    without strict mode: a nullable argument may be left out (a null is one not given)."""
+    properties: Mapping[str, Any] = spec.parameters.get("properties", {})
+    required = [n for n in spec.parameters.get("required", ()) if not _nullable(properties[n])]
+    return {**spec.parameters, "required": required}
 
 
 def _nullable(schema: Mapping[str, Any]) -> bool:

@@ -23,8 +23,9 @@ Lang = Literal["sql", "jq", "python", "sh"]
 """The code-mode languages."""
 LANGS: tuple[str, ...] = get_args(Lang)
 
-Origin = Literal["call", "file"]
-"""Where an artifact came from: a tool call's result, or a file a script left."""
+Origin = Literal["call", "file", "append"]
+"""Where an artifact came from: a tool call's result, a file a script left, or appends
+under one call id (a task's history, Task.append)."""
 
 SessionCall = Literal["keep", "reset"]
 """A python call into the task's persistent session: as it is, or reset to empty first."""
@@ -142,6 +143,9 @@ class Shape:
     arrays: tuple[ArrayFacts, ...] = ()
     """For a JSON object: its arrays reached through keys (a path of up to four), in the
     order they open; counts beyond the profile's budget are estimates and say so."""
+    long_strings: bool = False
+    """For JSON: whether it holds a base64 or hex string (an image, a file's blob) of
+    profile.LONG_STRING_CHARS or more, which a hint that prints values shows cut."""
 
     @property
     def records(self) -> ArrayFacts | None:
@@ -226,6 +230,24 @@ class Image:
 
     def data_url(self) -> str:
         return f"data:{self.mime};base64,{self.base64()}"
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """One script for a task's sandbox, as every backend's exec takes it.
+
+    >>> ExecRequest("sql", 'SELECT count(*) FROM "c1"', timeout=30.0).session is None
+    True
+    """
+
+    lang: str
+    """The sandbox's language: "sql", "python" or "sh" (a jq filter reaches it as sh)."""
+    code: str
+    timeout: float
+    """Seconds the script may run before it is killed."""
+    session: SessionCall | None = None
+    """A python cell in the task's persistent session (as it is, or reset first); None:
+    a stateless script."""
 
 
 @dataclass(frozen=True)
@@ -318,7 +340,8 @@ class ArtifactRow:
     """The payload's shape kind (spillbox.types.ShapeKind); None if recorded before it was kept."""
     origin: Origin = "call"
     """"call": a tool call's result (call_id is the model's id of that call); "file": a file
-    a script left (call_id is the file's name)."""
+    a script left (call_id is the file's name); "append": what Task.append stored under
+    call_id, grown in place by each append (never a copy of another artifact's bytes)."""
 
     def tombstone(self) -> str:
         """What a read or query of this artifact says once it is deleted."""

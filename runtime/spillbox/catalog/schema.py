@@ -92,6 +92,38 @@ access_log = Table(
     sqlite_autoincrement=True,
 )
 
+hosts = Table(
+    "hosts",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("epoch", Text, nullable=False),
+    Column("node_id", Text, nullable=False),
+    Column("cap", Integer, nullable=False),
+    Column("state", Text, nullable=False, server_default="up"),
+    Column("started_at", TIMESTAMP, nullable=False),
+    Column("lost_at", TIMESTAMP),
+)
+
+placements = Table(
+    "placements",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("epoch", Text, nullable=False),
+    # placed; lost (its host's epoch ended); swept (the host, back, removed what it left)
+    Column("state", Text, nullable=False, server_default="placed"),
+    Column("placed_at", TIMESTAMP, nullable=False),
+    Index("placements_by_host", "host", "epoch", "state"),
+)
+
+call_numbers = Table(
+    "call_numbers",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("tool", Text, primary_key=True),
+    Column("last", Integer, nullable=False),
+)
+
 TASK_COLUMNS = tuple(tasks.c[f.name] for f in fields(TaskRow))
 ARTIFACT_COLUMNS = tuple(artifacts.c[f.name] for f in fields(ArtifactRow))
 ACCESS_COLUMNS = tuple(access_log.c[f.name] for f in fields(AccessEntry))

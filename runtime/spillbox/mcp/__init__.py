@@ -35,9 +35,9 @@ from spillbox.mcp.http import (
     serve_http,
 )
 from spillbox.mcp.proxy import connection, serve_stdio
-from spillbox.mcp.step import STEP_BOUND_SECONDS
 from spillbox.mcp.upstream import DEFAULT_UPSTREAM_TIMEOUT_SECONDS, UPSTREAM_START_SECONDS
 from spillbox.protocols import TaskHandle
+from spillbox.steps import STEP_BOUND_SECONDS
 
 __all__ = [
     "DEFAULT_MAX_SESSIONS",

@@ -16,11 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
-from referencing import Registry
-from referencing.exceptions import Unresolvable
-
 NOTICE_KEY = "spillbox_notice"
 _MAX_DEPTH = 16
 
@@ -38,6 +33,13 @@ def conforming(schema: Mapping[str, Any], notice: str) -> dict[str, Any] | None:
 
 def valid(schema: Mapping[str, Any], value: Any) -> bool:
     """Whether schema (a JSON Schema) accepts value; False for a schema that is not valid."""
+    # jsonschema (about 3 MiB) is loaded by the first result that needs it, not by every
+    # proxy at start: most tools declare no outputSchema.
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+
     try:
         cls = validator_for(schema)
         cls.check_schema(schema)

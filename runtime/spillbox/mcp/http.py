@@ -11,7 +11,8 @@ SDK's own transport for one session (StreamableHTTPServerTransport: the session 
 GET and DELETE, JSON-RPC over SSE). Before any of that, every request's Host and Origin are
 checked (DNS rebinding: a page in a browser must not reach sandbox_exec): another origin
 gets 403, another host 421. A request whose MCP-Protocol-Version this server does not
-speak gets 400, an unknown or ended session 404.
+speak gets 400, an unknown or ended session 404. Requests are routed on their headers
+(Mcp-Method, Spillbox-Task) where those tell, the body left to the SDK's transport.
 
 At most max_sessions sessions are open at once (each has an upstream process and a task):
 an initialize past that gets 503, and opens no task and starts no upstream.
@@ -50,7 +51,7 @@ from mcp.server.transport_security import (
     TransportSecurityMiddleware,
     TransportSecuritySettings,
 )
-from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp.shared.inbound import MCP_METHOD_HEADER, MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import CLIENT_INFO_META_KEY
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
@@ -208,9 +209,23 @@ class Sessions:
     ) -> None:
         """A 2026-07-28 request (no session: each POST stands alone), served by the SDK's
         single-exchange entry with the proxy of the task it names (TASK_HEADER or the
-        `_meta` key TASK_META_KEY; else the client's clientInfo name), opened on first use."""
-        body = await request.body()
-        name = self.task or request.headers.get(TASK_HEADER) or _named_task(body)
+        `_meta` key TASK_META_KEY; else the client's clientInfo name), opened on first use.
+
+        Routed on headers where they tell: a POST without Mcp-Method (which the SDK
+        refuses) opens no task, and the body is read here only for a task name that
+        neither --task nor TASK_HEADER gives (the SDK reads it as it comes otherwise)."""
+        if request.method == "POST" and MCP_METHOD_HEADER not in request.headers:
+            refused = _error(
+                f"Bad Request: a {request.headers[MCP_PROTOCOL_VERSION_HEADER]} request "
+                f"names its method in the {MCP_METHOD_HEADER} header",
+                400,
+            )
+            await refused(scope, receive, send)
+            return
+        name = self.task or request.headers.get(TASK_HEADER)
+        if name is None:
+            body = await request.body()
+            name, receive = _named_task(body), _replay(body, receive)
         entry = self.stateless.get(name)
         if entry is None:
             async with self._creating:
@@ -232,7 +247,7 @@ class Sessions:
                 False,
                 entry.state,
                 scope,
-                _replay(body, receive),
+                receive,
                 send,
             )
         finally:
@@ -284,9 +299,14 @@ class Sessions:
 
     async def _open(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A request without a session id: an initialize opens a session, with its task;
-        anything else is refused before a task is opened for it."""
-        body = await Request(scope, receive).body()
-        if not _is_initialize(body):
+        anything else is refused before a task is opened for it (by its Mcp-Method
+        header where the client sends one, unread; else by its body's method)."""
+        method = Request(scope).headers.get(MCP_METHOD_HEADER)
+        if method is None:
+            body = await Request(scope, receive).body()
+            method = "initialize" if _is_initialize(body) else None
+            receive = _replay(body, receive)
+        if method != "initialize":
             refused = _error("Bad Request: no Mcp-Session-Id; send initialize first", 400)
             await refused(scope, receive, send)
             return
@@ -311,7 +331,7 @@ class Sessions:
         established = False
         try:
             await self.group.start(self._serve, transport, task)
-            status = await _status(transport.handle_request, scope, _replay(body, receive), send)
+            status = await _status(transport.handle_request, scope, receive, send)
             established = status is not None and status < 400
         finally:
             if not established:

@@ -28,10 +28,10 @@ _READ_ONLY = types.ToolAnnotations(read_only_hint=True, open_world_hint=False)
 class LocalTools:
     """spillbox's tools for one task, named around the other tools the client sees."""
 
-    def __init__(self, task: TaskHandle, taken: Collection[str] = ()) -> None:
-        self.toolset = Toolset(task, taken)
+    def __init__(self, task: TaskHandle, taken: Collection[str] = (), namespace: str = "") -> None:
+        """namespace: what the client shows before each tool's name (Toolset's namespace)."""
+        self.toolset = Toolset(task, taken, namespace=namespace)
         self.names = self.toolset.names
-        task.register_tools(self.names)
 
     def definitions(self) -> list[types.Tool]:
         return [

@@ -19,14 +19,17 @@ The upstream side is the SDK's stdio client but for how it reads a line: mcp 2.3
 joins its whole buffer to each 64 KB chunk and splits it again, time quadratic in the
 line's length (a 100 MB result took its reader over a minute and a half of CPU), so the
 result spillbox exists for would stall it. Lines are read here in linear time, each
-copied once; the process is started and stopped as the SDK does (its own
-session, stdin closed, then the SDK's terminate_posix_process_tree).
+held in one buffer and parsed by the stdlib's json (see _message); the process is
+started and stopped as the SDK does (its own session, stdin closed, then the SDK's
+terminate_posix_process_tree).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -50,6 +53,8 @@ LINE_LIMIT = 2**31
 """The longest line read from the client (asyncio's default is 64 KB)."""
 STDERR_LINE_CHARS = 500
 """How much of one stderr line of the upstream an error message quotes."""
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate (\\ud83d\\ude00 for an emoji, or a lone one)."""
 EXIT_GRACE_SECONDS = 2.0
 """How long an upstream may take to exit once its stdin is closed, and again after
 SIGTERM, before the next step (the SDK's own timeouts)."""
@@ -198,44 +203,79 @@ async def _read_lines(
 ) -> None:
     assert process.stdout is not None
     async with sink:
-        async for line in _lines(process.stdout):
+        async for line in _StreamLines(process.stdout):
             try:
-                message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                message = _message(line)
             except ValueError as e:
                 await sink.send(e)  # the session reports it; the connection goes on
                 continue
-            del line  # a large result is held once, as the message, from here on
             try:
                 await sink.send(SessionMessage(message))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
 
 
-async def _lines(stream: anyio.abc.ByteReceiveStream) -> AsyncIterator[bytes]:
-    """The stream's lines, each scanned and copied once: a long line is kept as its
-    chunks until its end arrives, then joined."""
-    parts: list[bytes] = []
-    while True:
+def _message(line: bytearray) -> types.JSONRPCMessage:
+    """The JSON-RPC message one line of the upstream holds; line is emptied (its buffer
+    freed) once decoded, so that a large result is held at most twice at any moment:
+    the line and its text, then the text and the parsed message.
+
+    The stdlib's parser writes a string straight into the str it returns, and the
+    message is then validated from those objects (pydantic keeps each str as it is).
+    pydantic's own JSON parsing of a union (the four JSON-RPC message kinds) holds the
+    whole document as its own tree besides, and unescapes each string in a buffer of its
+    own: a 100 MB result took 6x its size (benchmarks/mcp_bench.py). A line with a
+    surrogate escape is parsed by pydantic, as the SDK does: the stdlib takes a lone one
+    (\\ud800), which no UTF-8 writer can pass on to the client."""
+    if _SURROGATE_ESCAPE.search(line):
         try:
-            chunk = await stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            return  # the server exited
-        while (end := chunk.find(b"\n")) >= 0:
-            parts.append(chunk[:end])
-            chunk = chunk[end + 1 :]
-            line = b"".join(parts)
-            parts.clear()
-            yield line
-            del line
-        if chunk:
-            parts.append(chunk)
+            return types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        finally:
+            line.clear()
+    try:
+        text = line.decode("utf-8")
+    finally:
+        line.clear()
+    return types.jsonrpc_message_adapter.validate_python(json.loads(text), by_name=False)
+
+
+class _StreamLines:
+    """A byte stream's lines, each scanned once and held once: a long line grows in one
+    buffer as its chunks arrive (no list of chunks to join), and each line is handed
+    over as a bytearray the reader keeps no reference to."""
+
+    def __init__(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        self.stream = stream
+        self.chunk = b""
+        self.start = 0
+        """Where the unread rest of chunk starts."""
+
+    def __aiter__(self) -> _StreamLines:
+        return self
+
+    async def __anext__(self) -> bytearray:
+        line = bytearray()
+        while (end := self.chunk.find(b"\n", self.start)) < 0:
+            line += memoryview(self.chunk)[self.start :]
+            try:
+                self.chunk, self.start = await self.stream.receive(), 0
+            except (
+                anyio.EndOfStream,
+                anyio.ClosedResourceError,
+                anyio.BrokenResourceError,
+                OSError,
+            ):
+                raise StopAsyncIteration from None  # the server exited
+        line += memoryview(self.chunk)[self.start : end]
+        self.start = end + 1
+        return line
 
 
 async def _copy_stderr(process: anyio.abc.Process, tail: MutableSequence[str]) -> None:
     """The server's stderr, line by line, to this process's stderr (where an MCP client
     shows a server's log) and to tail."""
     assert process.stderr is not None
-    async for line in _lines(process.stderr):
+    async for line in _StreamLines(process.stderr):
         text = line.decode("utf-8", errors="replace").rstrip()
         print(text, file=sys.stderr, flush=True)
         if text:

@@ -33,9 +33,11 @@ from mcp.client._probe import negotiate_auto
 from mcp.client._transport import ReadStream
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import SessionMessage
 from mcp_types import SERVER_INFO_META_KEY
 from pydantic import BaseModel
@@ -43,6 +45,8 @@ from pydantic import BaseModel
 from spillbox.mcp.transport import upstream_stdio
 
 ResultT = TypeVar("ResultT", bound=BaseModel)
+Ctx = ServerRequestContext[Any, Any]
+"""A request from the proxy's client, as the SDK's server hands it over."""
 UPSTREAM_GONE = -32001
 """The JSON-RPC error code of a request the upstream can no longer answer."""
 UPSTREAM_TIMEOUT = -32002
@@ -387,3 +391,14 @@ async def _until_eof(
                 await sink.send(item)
     finally:
         eof.set()
+
+
+def relay_progress(ctx: Ctx) -> ProgressFnT | None:
+    """Progress for an upstream request, routed back under the client's own token."""
+    if progress_token_from_params(ctx.params) is None:
+        return None
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        await ctx.session.report_progress(progress, total, message)
+
+    return report

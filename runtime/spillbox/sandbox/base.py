@@ -11,9 +11,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TypeVar
 
 from spillbox.sandbox.storage import StoredFile, TaskStorage, stored_task_ids
-from spillbox.types import RawExec, SessionCall
+from spillbox.types import ExecRequest, RawExec
+
+_T = TypeVar("_T")
 
 
 class SandboxBackend(ABC):
@@ -35,6 +38,10 @@ class SandboxBackend(ABC):
     def storage(self, task_id: str) -> TaskStorage:
         return TaskStorage(self.home, task_id)
 
+    def opening(self, task_id: str) -> TaskStorage:
+        """The storage of a task being opened (a cluster places a new task first)."""
+        return self.storage(task_id)
+
     @abstractmethod
     def create(self, storage: TaskStorage) -> None:
         """Prepare the task's storage; cheap, and the sandbox itself is not started yet."""
@@ -48,16 +55,9 @@ class SandboxBackend(ABC):
         """The payload's path as the model (and its scripts) see it."""
 
     @abstractmethod
-    def exec(
-        self,
-        storage: TaskStorage,
-        lang: str,
-        code: str,
-        timeout: float,
-        session: SessionCall | None = None,
-    ) -> RawExec:
-        """Run a script in the task's sandbox; with session, a python cell in the task's
-        persistent Python session."""
+    def exec(self, storage: TaskStorage, request: ExecRequest) -> RawExec:
+        """Run a script in the task's sandbox; with request.session, a python cell in the
+        task's persistent Python session."""
 
     def read(self, storage: TaskStorage, name: str) -> bytes:
         return storage.read(name)
@@ -97,6 +97,15 @@ class SandboxBackend(ABC):
         """Remove the sandboxes of this home whose task is unused: each is removed inside
         `with unused(task_id) as yes:` when yes. Returns what was (or would be) removed."""
         return []
+
+    def collect(self, here: Callable[[], list[_T]], dry_run: bool) -> list[_T]:
+        """Garbage collection of what this backend keeps: here() collects this home (a
+        cluster's hosts each collect their own)."""
+        return here()
+
+    def alive(self) -> int:
+        """How many sandboxes of this home run now (a backend without sandboxes runs none)."""
+        return 0
 
     def list(self) -> list[str]:
         """The ids of the tasks this backend holds anything for."""

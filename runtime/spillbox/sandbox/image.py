@@ -17,6 +17,7 @@ and venv stages run side by side, so two steps may be running at once.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -137,12 +138,25 @@ def image_present(client: docker.DockerClient) -> bool:
     return _image_exists(client, image_tag())
 
 
+def default_cache_dir() -> Path:
+    """Where image builds keep their downloads and their lock: ~/.cache/spillbox."""
+    return Path.home() / ".cache" / "spillbox"
+
+
 def ensure_image(client: docker.DockerClient, *, progress: Progress | None = None) -> str:
     """The image tag for the current files, building the image first if it is missing."""
     tag = image_tag()
     if _image_exists(client, tag):
         return tag
-    return build_image(client, progress=progress)
+    # Processes that start on a new machine together (test workers, several harnesses)
+    # build it once: the others wait, then find it built.
+    cache = default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if _image_exists(client, tag):
+            return tag
+        return build_image(client, progress=progress, cache_dir=cache)
 
 
 def image_size(client: docker.DockerClient, tag: str) -> int:
@@ -170,21 +184,12 @@ def build_image(
     root = images_dir()
     content_hash = _content_hash(root)
     tag = _tag(content_hash)
-    cache = cache_dir or Path.home() / ".cache" / "spillbox"
+    cache = cache_dir or default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     wheels = _fetch_wheels(root / "sandbox" / "requirements.txt", cache, report)
     jq_source = _fetch_jq_source(cache, report)
 
-    if base == "auto":
-        base = "registry" if _registry_base_usable(client, REGISTRY_BASE, report) else "debootstrap"
-    debs: Path | None = None
-    if base == "registry":
-        # Its build stage installs BUILD_PACKAGES with apt-get: the build has the network.
-        base_image, network_mode = REGISTRY_BASE, None
-    else:
-        base_image, debs = _debian_base(client, cache, report)
-        network_mode = "none"
-
+    base_image, network_mode, debs = _base_image(client, base, cache, report)
     with tempfile.TemporaryDirectory(prefix="build-", dir=cache) as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(root / "sandbox", context, ignore=shutil.ignore_patterns(*_IGNORED_NAMES))
@@ -197,17 +202,7 @@ def build_image(
         build = partial(
             _docker_build, client, context, {"BASE": base_image}, network_mode, base_image
         )
-        stages = _stage_dockerfiles((context / "Dockerfile").read_text())
-        # The legacy builder (docker-py has no BuildKit) runs stages one after the other; built
-        # side by side as builds of their own, they are in the cache for the whole file's build.
-        with ThreadPoolExecutor(max_workers=len(stages)) as pool:
-            futures = []
-            for name, text in stages.items():
-                (context / f"Dockerfile.{name}").write_text(text)
-                step = _Step(report, f"stage {name}", f"building the {name} stage")
-                futures.append(pool.submit(build, step, f"Dockerfile.{name}"))
-            for future in futures:
-                future.result()
+        _build_stages(build, context, report)
         step = _Step(report, "image", f"building {tag} from {base_image}")
         build(
             step,
@@ -217,6 +212,36 @@ def build_image(
         )
     prune_outdated(client, tag, report)
     return tag
+
+
+def _base_image(
+    client: docker.DockerClient, base: BaseKind, cache: Path, progress: Progress
+) -> tuple[str, str | None, Path | None]:
+    """The image to build FROM, the build's network mode (None: the default network) and the
+    folder of the build stage's .debs (None: it installs them with apt-get)."""
+    if base == "auto":
+        usable = _registry_base_usable(client, REGISTRY_BASE, progress)
+        base = "registry" if usable else "debootstrap"
+    if base == "registry":
+        # Its build stage installs BUILD_PACKAGES with apt-get: the build has the network.
+        return REGISTRY_BASE, None, None
+    base_image, debs = _debian_base(client, cache, progress)
+    return base_image, "none", debs
+
+
+def _build_stages(build: Callable[..., None], context: Path, progress: Progress) -> None:
+    """Build the Dockerfile's stages side by side, each as a build of its own: the legacy
+    builder (docker-py has no BuildKit) runs a file's stages one after the other, and built
+    apart they are in the cache for the whole file's build."""
+    stages = _stage_dockerfiles((context / "Dockerfile").read_text())
+    with ThreadPoolExecutor(max_workers=len(stages)) as pool:
+        futures = []
+        for name, text in stages.items():
+            (context / f"Dockerfile.{name}").write_text(text)
+            step = _Step(progress, f"stage {name}", f"building the {name} stage")
+            futures.append(pool.submit(build, step, f"Dockerfile.{name}"))
+        for future in futures:
+            future.result()
 
 
 def prune_outdated(client: docker.DockerClient, keep: str, progress: Progress) -> None:
@@ -339,13 +364,20 @@ def _arch() -> str:
     return _ARCHES[machine]
 
 
+def _in_cache(progress: Progress, step: str, found: bool, what: Callable[[], str]) -> bool:
+    """Whether a download's cached copy was found (the step then done: what(), in the
+    cache)."""
+    if found:
+        progress(BuildEvent(step, "done", f"{what()}, in the cache"))
+    return found
+
+
 def _fetch_wheels(requirements: Path, cache: Path, progress: Progress) -> Path:
     """The folder of cp311 manylinux wheels for requirements, downloaded once per pin set."""
     platform_tag = f"manylinux_2_28_{_arch()}"
     pins = hashlib.sha256(requirements.read_bytes()).hexdigest()[:_HASH_CHARS]
     wheels = cache / "wheels" / f"cp311-{platform_tag}-{pins}"
-    if wheels.is_dir():
-        progress(BuildEvent("wheels", "done", f"{_count(wheels)} wheels, in the cache"))
+    if _in_cache(progress, "wheels", wheels.is_dir(), lambda: f"{_count(wheels)} wheels"):
         return wheels
     wheels.parent.mkdir(parents=True, exist_ok=True)
     step = _Step(progress, "wheels", f"downloading the wheels of {requirements.name}")
@@ -380,8 +412,7 @@ def _fetch_jq_source(cache: Path, progress: Progress) -> Path:
     """jq's release tarball (JQ_SOURCE_MEMBER), taken once from the pinned sdist after
     checking the sdist's sha256, and kept in the cache."""
     target = cache / "sources" / f"{JQ_SDIST_SHA256[:_HASH_CHARS]}-{Path(JQ_SOURCE_MEMBER).name}"
-    if target.is_file():
-        progress(BuildEvent("jq source", "done", f"{target.name}, in the cache"))
+    if _in_cache(progress, "jq source", target.is_file(), lambda: target.name):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     step = _Step(progress, "jq source", f"downloading {JQ_SDIST_URL.rsplit('/', 1)[-1]}")
@@ -484,26 +515,7 @@ def _debian_base(client: docker.DockerClient, cache: Path, progress: Progress) -
         tarball = Path(tmp) / "rootfs.tar"
         downloaded = Path(tmp) / "debs"
         downloaded.mkdir()
-        # Hooks run on the host with the tree as $1, before mmdebstrap empties apt's lists and
-        # caches; the .debs are moved out, so the base does not carry them.
-        hooks = (
-            f'mkdir -p "$1{_DEBS_DIR}/partial"',
-            f'chroot "$1" apt-get install --download-only --yes --no-install-recommends '
-            f"-o Dir::Cache::Archives={_DEBS_DIR}/ {' '.join(BUILD_PACKAGES)}",
-            f'mv "$1{_DEBS_DIR}"/*.deb {shlex.quote(str(downloaded))}/ && rm -rf "$1{_DEBS_DIR}"',
-        )
-        _run(
-            [
-                *(mmdebstrap, "--variant=minbase", "--mode=root", "--dpkgopt=force-unsafe-io"),
-                f"--include={','.join(DEBIAN_PACKAGES)}",
-                *(f"--customize-hook={hook}" for hook in hooks),
-                *(DEBIAN_SUITE, str(tarball), *([mirror] if mirror else [])),
-            ],
-            what="mmdebstrap of the sandbox base",
-            hint=f"check access to the Debian mirror in the apt sources, {_OFFLINE_HINT}",
-            report=step.output,
-            env={**os.environ, "TMPDIR": str(_scratch_dir(cache))},
-        )
+        _mmdebstrap(mmdebstrap, mirror, tarball, downloaded, cache, step)
         step.output(f"importing {base}")
         with _docker_errors("docker import of the sandbox base", "check Docker's free disk space"):
             client.api.import_image_from_file(
@@ -520,6 +532,32 @@ def _debian_base(client: docker.DockerClient, cache: Path, progress: Progress) -
                 raise
     step.done(f"{base}, {_megabytes_of(image_size(client, base))}; {_count(debs)} build .debs")
     return base, debs
+
+
+def _mmdebstrap(
+    command: str, mirror: str | None, tarball: Path, debs: Path, cache: Path, step: _Step
+) -> None:
+    """Make the base's root tree as tarball, and BUILD_PACKAGES' .debs in debs."""
+    # Hooks run on the host with the tree as $1, before mmdebstrap empties apt's lists and
+    # caches; the .debs are moved out, so the base does not carry them.
+    hooks = (
+        f'mkdir -p "$1{_DEBS_DIR}/partial"',
+        f'chroot "$1" apt-get install --download-only --yes --no-install-recommends '
+        f"-o Dir::Cache::Archives={_DEBS_DIR}/ {' '.join(BUILD_PACKAGES)}",
+        f'mv "$1{_DEBS_DIR}"/*.deb {shlex.quote(str(debs))}/ && rm -rf "$1{_DEBS_DIR}"',
+    )
+    _run(
+        [
+            *(command, "--variant=minbase", "--mode=root", "--dpkgopt=force-unsafe-io"),
+            f"--include={','.join(DEBIAN_PACKAGES)}",
+            *(f"--customize-hook={hook}" for hook in hooks),
+            *(DEBIAN_SUITE, str(tarball), *([mirror] if mirror else [])),
+        ],
+        what="mmdebstrap of the sandbox base",
+        hint=f"check access to the Debian mirror in the apt sources, {_OFFLINE_HINT}",
+        report=step.output,
+        env={**os.environ, "TMPDIR": str(_scratch_dir(cache))},
+    )
 
 
 def _scratch_dir(cache: Path) -> Path:

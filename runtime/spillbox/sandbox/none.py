@@ -5,7 +5,7 @@ from __future__ import annotations
 from spillbox.errors import ExecError
 from spillbox.sandbox.base import SandboxBackend
 from spillbox.sandbox.storage import StoredFile, TaskStorage
-from spillbox.types import RawExec, SessionCall
+from spillbox.types import ExecRequest, RawExec
 
 
 class NoneBackend(SandboxBackend):
@@ -19,14 +19,7 @@ class NoneBackend(SandboxBackend):
     def visible_path(self, stored: StoredFile) -> str:
         return str(stored.host_path)
 
-    def exec(
-        self,
-        storage: TaskStorage,
-        lang: str,
-        code: str,
-        timeout: float,
-        session: SessionCall | None = None,
-    ) -> RawExec:
+    def exec(self, storage: TaskStorage, request: ExecRequest) -> RawExec:
         raise ExecError(
             "code mode needs a sandbox: this harness uses sandbox='none'; use sandbox='docker'"
         )

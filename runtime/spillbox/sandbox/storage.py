@@ -7,6 +7,7 @@ Layout under the spillbox home:
     tasks/<task>/cache/                     derived copies (query engine tables)
     tasks/<task>/.incoming/                 temp files; linked into offload/ when complete
     tasks/<task>/quota.lock                 held while a quota decision is made and recorded
+    tasks/<task>/append.lock                held while an appendable payload grows (Task.append)
     locks/<task>.open                       held (shared) by every process that has the task open;
                                             outside the task's folder, so deleting the folder
                                             never deletes the lock that guards it
@@ -17,6 +18,7 @@ leave the task's folder or exceed a filename limit, and no two ids share a name.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from spillbox.errors import ConfigError, StorageError
 
@@ -51,6 +54,14 @@ WORK_DIR = "work"
 CACHE_DIR = "cache"
 INCOMING_DIR = ".incoming"
 TASK_ID_FILE = "task-id"
+TASK_FOLDERS = (OFFLOAD_DIR, WORK_DIR, CACHE_DIR, INCOMING_DIR)
+"""The folders of a task's root, made by TaskStorage.ensure (or ahead of the task, by lay_out)."""
+
+
+def lay_out(root: Path) -> None:
+    """Make a task's folders under root (a task's own, or a warm pool slot's, pool.py)."""
+    for folder in TASK_FOLDERS:
+        (root / folder).mkdir(parents=True, exist_ok=True)
 
 
 def safe_name(ident: str) -> str:
@@ -121,6 +132,7 @@ def _recorded_id(root: Path) -> bytes | None:
 
 
 QUOTA_LOCK_FILE = "quota.lock"
+APPEND_LOCK_FILE = "append.lock"
 LOCKS_DIR = "locks"
 OPEN_LOCK_SUFFIX = ".open"
 CLOCK_SLACK_SECONDS = 1.0
@@ -139,6 +151,12 @@ def exclusive(lock_file: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+class Hold(Protocol):
+    """What holds a task open until released (OpenHold here; a host's, on a cluster)."""
+
+    def release(self) -> None: ...
 
 
 class OpenHold:
@@ -290,22 +308,75 @@ class TaskStorage:
 
     def ensure(self) -> None:
         """Create the task's folders; the original task id is kept beside them."""
-        try:
-            for folder in (self.offload, self.work, self.cache, self.incoming):
-                folder.mkdir(parents=True, exist_ok=True)
+        with _os_errors(
+            f"cannot create task storage at {self.root}",
+            "check --home / SPILLBOX_HOME points to a writable folder",
+        ):
+            lay_out(self.root)
             id_file = self.root / TASK_ID_FILE
             if not id_file.exists():
                 # Bytes, not text: text mode would turn "\r" into "\n" on reading back.
                 id_file.write_bytes(encode_id(self.task_id))
-        except OSError as e:
-            raise StorageError(
-                f"cannot create task storage at {self.root}: {e.strerror}; "
-                "check --home / SPILLBOX_HOME points to a writable folder"
-            ) from e
+
+    def take_over(self, folder: Path) -> bool:
+        """Make a folder laid out ahead of the task (a warm pool slot's, by lay_out) the
+        task's root, with the task's id written in first: one rename, so no reader sees
+        half a root. False, the folder left as it was, if the task has a root already."""
+        id_file = folder / TASK_ID_FILE
+        try:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_bytes(encode_id(self.task_id))
+            os.rename(folder, self.root)  # refused over a root with anything in it
+        except OSError:
+            id_file.unlink(missing_ok=True)
+            return False
+        return True
+
+    def open_hold(self, prepare: Callable[[], None]) -> Hold:
+        """Hold the task open (see OpenHold); prepare makes its folders once held."""
+        return OpenHold(self, prepare)
+
+    def unless_open(self) -> AbstractContextManager[bool]:
+        """See unless_open: True while no process has the task open."""
+        return unless_open(self)
 
     def locked(self) -> AbstractContextManager[None]:
         """The task's lock, for what must not interleave across processes (quota decisions)."""
         return exclusive(self.root / QUOTA_LOCK_FILE)
+
+    def appending(self) -> AbstractContextManager[None]:
+        """The task's append lock: one append to its appendable payloads at a time, across
+        processes (taken before the quota lock, never while holding it)."""
+        return exclusive(self.root / APPEND_LOCK_FILE)
+
+    def append(self, name: str, at: int, data: bytes) -> None:
+        """Write data into offload/<name> from byte `at` on (the size its catalog row
+        records), leaving the bytes before it as they are: only the new bytes are written.
+
+        Bytes past `at` are an append that failed before its row recorded it: written over,
+        and cut off where this append ends. A reader of the file itself may find an append
+        in progress (the kernel shows a write page by page); one that reads the size the
+        catalog records (Task.read, the sandbox's SQL tables) never does.
+        """
+        missing = StorageError(f"no payload {name!r} in task {self.task_id!r} to append to")
+        if "/" in name or name.startswith("."):
+            raise missing
+        with self.errors(f"{len(data)} bytes appended to {name!r}"):
+            try:
+                fd = os.open(self.offload / name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ELOOP):  # deleted, or a link planted
+                    raise missing from e
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise missing
+                view = memoryview(data)
+                while view:
+                    view = view[os.pwrite(fd, view, at + len(data) - len(view)) :]
+                os.ftruncate(fd, at + len(data))
+            finally:
+                os.close(fd)
 
     def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
         """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken."""
@@ -313,11 +384,13 @@ class TaskStorage:
             return staged.publish(stem, extension)
 
     @contextmanager
-    def stage(self, data: bytes) -> Iterator[Staged]:
+    def stage(self, data: bytes, want: tuple[str, str] | None = None) -> Iterator[Staged]:
         """Write data to a temp file in incoming/ and hash it; publish() makes it visible.
 
         A reader (or a crash) never sees half a payload, and an existing file is never
-        replaced. What is not published is gone when the block ends.
+        replaced. What is not published is gone when the block ends. want: the stem and
+        extension publish() will most likely be given (a cluster host links the payload
+        under it ahead, saving a round trip; here publishing costs none).
         """
         if not self.incoming.is_dir():
             self.ensure()
@@ -331,16 +404,11 @@ class TaskStorage:
         finally:
             os.unlink(tmp)
 
-    @contextmanager
-    def errors(self, what: str) -> Iterator[None]:
+    def errors(self, what: str) -> AbstractContextManager[None]:
         """OSErrors while storing what: one line that says what to do."""
-        try:
-            yield
-        except OSError as e:
-            raise StorageError(
-                f"cannot store {what} in {self.offload}: {e.strerror}; "
-                "free disk space or choose another --home"
-            ) from e
+        return _os_errors(
+            f"cannot store {what} in {self.offload}", "free disk space or choose another --home"
+        )
 
     def read(self, name: str) -> bytes:
         """The bytes of offload/<name>; refuses names that are not plain files there."""
@@ -459,3 +527,12 @@ def stored_task_ids(home: Path) -> list[str]:
         if root.is_dir() and id_file.is_file() and not id_file.is_symlink():
             ids.append(id_file.read_bytes().decode("utf-8", "surrogatepass"))
     return ids
+
+
+@contextmanager
+def _os_errors(doing: str, hint: str) -> Iterator[None]:
+    """An OSError as one StorageError line: what failed, the system's reason, what to do."""
+    try:
+        yield
+    except OSError as e:
+        raise StorageError(f"{doing}: {e.strerror}; {hint}") from e

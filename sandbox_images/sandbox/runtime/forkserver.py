@@ -15,10 +15,12 @@ One file, two roles:
                                   ahead when it can; sh: spawned), applies its timeout and
                                   sweeps what it left.
 
-Request:  {"lang": "python"|"sh", "code": "...", "timeout": 30}
-Frames:   one byte, four bytes of length, the data. b"N": no fork server answers (the host
-          starts one; the relay waits for it); b"S": the script started; b"1" and b"2": its
-          stdout and stderr; b"E": its end, {"exit_code": 0, "oom_killed": false}.
+Request:  {"lang": "python"|"sh", "code": "...", "timeout": 30, "nonce": "..."} (the nonce
+          stays in the relay: its END carries it back, so the host knows the end is this
+          call's)
+Frames (wire.py): NO_SERVER: no fork server answers (the host starts one; the relay waits
+          for it); STARTED: the script started; STDOUT and STDERR: its output; END: its end,
+          {"exit_code": 0, "oom_killed": false, "outputs": false}.
 
 What each script gets: its own process group, which the timeout signals whole (TERM, then
 KILL 2 s later; exit 124 as `timeout` gives); when the script ends, what it left in its
@@ -54,6 +56,7 @@ import time
 
 import noipc
 import takeout
+import wire
 
 SCRIPT_UID = 10001
 ENGINE_UID = 10002
@@ -109,7 +112,7 @@ def _connect(out: object) -> socket.socket:
         if now > deadline:
             raise RuntimeError(f"no fork server within {START_SECONDS:.0f} s")
         if told_at is None or now - told_at >= RETELL_SECONDS:
-            _frame(out, b"N", b"")
+            wire.frame(out, wire.NO_SERVER, b"")
             told_at = now
         time.sleep(0.005)
 
@@ -156,29 +159,25 @@ def authentic(sock: socket.socket) -> bool:
     return fields.get("PPid", "").strip() == "0"
 
 
-def _frame(out: object, kind: bytes, data: bytes) -> None:
-    out.write(kind + struct.pack(">I", len(data)) + data)  # type: ignore[attr-defined]
-    out.flush()  # type: ignore[attr-defined]
-
-
 def _relay_one(server: socket.socket, request: dict[str, object], out: object) -> None:
     import selectors
 
     before = oom_count()
+    nonce = request.pop("nonce", None)
     send_vouched(server, (json.dumps(request) + "\n").encode())
     _, fds, _, _ = socket.recv_fds(server, 1, 2)
-    _frame(out, b"S", b"")
+    wire.frame(out, wire.STARTED, b"")
     status: dict[str, object] = {"exit_code": 137}
     selector = selectors.DefaultSelector()
-    for kind, fd in zip((b"1", b"2"), fds, strict=True):
+    for kind, fd in zip((wire.STDOUT, wire.STDERR), fds, strict=True):
         os.set_blocking(fd, False)
         selector.register(fd, selectors.EVENT_READ, kind)
-    selector.register(server, selectors.EVENT_READ, b"S")
+    selector.register(server, selectors.EVENT_READ, None)
     answer = bytearray()
     open_ends = 3
     while open_ends:
         for key, _ in selector.select():
-            if key.data == b"S":
+            if key.data is None:
                 chunk = server.recv(4096)
                 answer += chunk
                 if chunk:
@@ -191,14 +190,15 @@ def _relay_one(server: socket.socket, request: dict[str, object], out: object) -
                 except BlockingIOError:
                     continue
                 if chunk:
-                    _frame(out, key.data, chunk)
+                    wire.frame(out, key.data, chunk)
                     continue
                 os.close(key.fd)  # type: ignore[arg-type]
             selector.unregister(key.fileobj)
             open_ends -= 1
     status["oom_killed"] = oom_count() != before
     status["outputs"] = takeout.waiting()
-    _frame(out, b"E", json.dumps(status).encode())
+    status["nonce"] = nonce
+    wire.frame(out, wire.END, json.dumps(status))
 
 
 def oom_count() -> str:

@@ -3,18 +3,22 @@ defines are there in the next, as in a notebook; duckdb, pyarrow and jq are impo
 
 One file, two roles (as sqlserver.py has):
 
-    python3 session.py run|reset TIMEOUT        the relay: what the host execs for each call,
-                                                as the session uid, with one line on stdin,
-                                                {"code": ..., "nonce": ...} (not in argv,
-                                                which /proc shows every process). It takes
-                                                the session's lock (calls run one at a time,
-                                                in the order they came), starts the server
-                                                when none answers (reset: a new one in any
-                                                case), hands it its own stdout and stderr,
-                                                interrupts the cell at TIMEOUT, and ends its
-                                                stderr with the end line (END_MARK, the
-                                                host's nonce, the OOM and outputs flags).
-    python3 session.py serve                    the server: runs each cell in one namespace.
+    python3 -S session.py relay     the relay: what a host process execs once and keeps, as
+                                    the session uid. It reads one request line at a time on
+                                    stdin (a cell is never in argv, which /proc shows every
+                                    process), {"mode": "run"|"reset", "code": ..., "timeout":
+                                    30, "nonce": ...} or {"mode": "prepare"}, and answers in
+                                    frames on stdout (wire.py): STARTED, the cell's STDOUT
+                                    and STDERR, then END, {"exit_code", "oom_killed",
+                                    "outputs", "nonce"}. For a cell it takes the session's
+                                    lock (calls run one at a time, in the order they came,
+                                    whichever host process asks), starts the server when
+                                    none answers (reset: a new one in any case), hands it
+                                    pipes for the cell's stdout and stderr and frames what
+                                    comes, and interrupts the cell at its timeout. prepare
+                                    starts the server ahead of the first cell, in a
+                                    container where none has run yet.
+    python3 session.py serve        the server: runs each cell in one namespace.
 
 The session runs as its own uid (10003): a stateless script (uid 10001) can neither reach
 its socket nor signal it, and the sweeps of the script uid do not end it. What a cell starts
@@ -22,8 +26,14 @@ in the background is killed when the cell ends: every process of the session uid
 server and the relays (the processes Docker entered, whose parent is 0, which no process
 inside can fake). A thread a cell leaves running is ended too (SystemExit raised in it); one
 that does not end within THREAD_GRACE ends the session: a thread would write into later
-cells' output and see their code. The relay is not dumpable (no cell can read its memory, so
-none learns the nonce that makes its end line its own).
+cells' output and see their code. A cell writes only into its pipes, never into the relay's
+stdout, and the relay is not dumpable: under runc no cell can open its descriptors or
+memory in /proc. gVisor does not keep a process from another's descriptors of the same uid,
+so a cell can write frames into the relay's stdout there: the END carries the nonce the host
+gave this call (no cell is given it), and the host refuses an end without it. A cell can
+kill the relay (the same uid): the host then reads an answer cut short, the server
+interrupts the cell whose relay went away, and the host's next call opens a new relay into
+the same session.
 
 A timeout interrupts the cell as a notebook does (KeyboardInterrupt in the cell, and an
 interrupt of the session's DuckDB connection): the session and its names are kept. A cell
@@ -31,16 +41,14 @@ that has not stopped INTERRUPT_GRACE seconds later is ended with its session, an
 says so. A server that died (a crash, the memory limit, os._exit) is replaced by a new,
 empty one at the next call, which is told its names are gone.
 
-The relay's exit code is the cell's: 0, 1 for an exception, SystemExit's code, 124 when it
-was interrupted at its timeout, 137 when the session ended under it. Its stderr ends with
-the end mark (and the OOM mark before it when the memory limit killed something), so the
-host tells a relay that ended by itself from one cut under it (the sandbox died).
+A cell's exit code is 0, 1 for an exception, SystemExit's code, 124 when it was interrupted
+at its timeout, 137 when the session ended under it.
 """
 
 from __future__ import annotations
 
-# The relay, started for every call, imports only what it needs (and runs with -S, no
-# site-packages): its start is most of a call's cost. The server imports the rest.
+# The relay imports only what it needs (and runs with -S, no site-packages): its start is
+# part of a task's first call. The server imports the rest.
 import fcntl
 import json
 import os
@@ -53,6 +61,7 @@ from typing import Any
 # Beside this file, as the relay is run (python3 -S):
 import noipc
 import takeout
+import wire
 from forkserver import oom_count, print_error
 
 RUN = "/sandbox/run"
@@ -67,9 +76,6 @@ INTERRUPT_GRACE = 2.0
 """How long an interrupted cell may take to stop before its session is ended."""
 EXIT_INTERRUPTED = 124
 EXIT_ENDED = 137
-END_MARK = b"\x1espillbox:end "
-"""The relay's last stderr line: this, the host's nonce, a space, {"oom_killed": bool,
-"outputs": bool} (the cell left files in /sandbox/outputs for the host)."""
 PR_SET_DUMPABLE = 4
 THREAD_GRACE = 1.0
 """How long threads a cell left get to end after SystemExit is raised in them."""
@@ -84,30 +90,56 @@ LOST = (
 # The relay
 
 
-def relay(mode: str, timeout: float) -> int:
+def relay() -> int:
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     noipc.install()  # nor a cell, through the session this relay starts
-    request = json.loads(sys.stdin.buffer.readline())
-    before = oom_count()
-    try:
-        status = _relay(mode, timeout, str(request["code"]))
-    finally:
+    os.umask(0o077)
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        _reap()  # a server this relay started that died since
+        if request["mode"] == "prepare":
+            _prepare()
+            wire.frame(out, wire.END, json.dumps({"exit_code": 0}))
+            continue
+        wire.frame(out, wire.STARTED, b"")
+        before = oom_count()
+        try:
+            status = _relay(out, str(request["mode"]), float(request["timeout"]), request)
+        except Exception as e:  # the server could not start: the cell's error, not the relay's
+            _note(out, f"spillbox: the Python session could not start: {e}")
+            status = 1
         sys.stdout.flush()
         flags = {"oom_killed": oom_count() != before, "outputs": takeout.waiting()}
-        nonce = str(request["nonce"]).encode()
-        os.write(2, END_MARK + nonce + b" " + json.dumps(flags).encode() + b"\n")
-    return status
+        end = {"exit_code": status, **flags, "nonce": request.get("nonce")}
+        wire.frame(out, wire.END, json.dumps(end))
+    return 0
 
 
-def _note(text: str) -> None:
-    os.write(2, (text + "\n").encode())
+def _note(out: Any, text: str) -> None:
+    wire.frame(out, wire.STDERR, text + "\n")
 
 
-def _relay(mode: str, timeout: float, code: str) -> int:
+def _prepare() -> None:
+    """Start the server ahead of the first cell, if no session has run in this container
+    yet (after one was lost, the next cell starts the new one, and says its names are
+    gone) and no cell is starting one now."""
+    if os.path.exists(STARTED):
+        return
+    with open(LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        if not os.path.exists(STARTED):
+            sock, _ = _connect_or_start()
+            sock.close()
+
+
+def _relay(out: Any, mode: str, timeout: float, request: dict[str, Any]) -> int:
     deadline = time.monotonic() + timeout
-    os.umask(0o077)
     with open(LOCK, "a") as lock:
         while True:
             try:
@@ -116,89 +148,167 @@ def _relay(mode: str, timeout: float, code: str) -> int:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     _note(
+                        out,
                         f"spillbox: the Python session was busy with another call for all of "
-                        f"this call's {timeout:g} s: nothing ran; run it again"
+                        f"this call's {timeout:g} s: nothing ran; run it again",
                     )
                     return EXIT_INTERRUPTED
                 time.sleep(0.005)
         if mode == "reset":
             _end_server(forget=True)
-            _note("spillbox: the Python session was reset: this call runs in a new, empty one")
-        sock, lost = _connect_or_start()
-        if lost:
-            _note(LOST)
+            _note(out, "spillbox: the Python session was reset: this call runs in a new, empty one")
+        sock, hello = _greeted(out)
         with sock:
-            return _call(sock, code, deadline, timeout)
+            return _call(out, sock, hello, str(request["code"]), deadline, timeout)
 
 
-class Lines:
-    """Lines read from a socket that may time out (a file made of it cannot go on after a
-    timeout): what came before the timeout is kept for the next read."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.pending = bytearray()
-
-    def line(self) -> bytes:
-        """The next line, with its newline; what is left, without one, at the end."""
-        while b"\n" not in self.pending:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                rest, self.pending = bytes(self.pending), bytearray()
-                return rest
-            self.pending += chunk
-        line, _, rest = bytes(self.pending).partition(b"\n")
-        self.pending = bytearray(rest)
-        return line + b"\n"
+def _greeted(out: Any) -> tuple[socket.socket, dict[str, Any]]:
+    """A connection to the server and its first line. A server still busy with the cell of
+    a relay that went away interrupts that cell: one that does not greet within
+    INTERRUPT_GRACE more is ended, and a new one started (its names are gone)."""
+    sock, lost = _connect_or_start()
+    try:
+        hello = _hello(sock, 2 * INTERRUPT_GRACE)
+    except (OSError, ValueError):
+        sock.close()
+        _end_server()
+        sock, lost = _connect_or_start()
+        hello = _hello(sock, START_SECONDS)
+    if lost:
+        _note(out, LOST)
+    return sock, hello
 
 
-def _call(sock: socket.socket, code: str, deadline: float, timeout: float) -> int:
-    answers = Lines(sock)
-    hello = json.loads(answers.line())
+def _hello(sock: socket.socket, seconds: float) -> dict[str, Any]:
+    """The server's first line (it sends nothing more before the cell's answer)."""
+    sock.settimeout(seconds)
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1 << 12)
+        if not chunk:
+            raise ValueError("the server closed the connection")
+        data += chunk
+    sock.settimeout(None)
+    hello: dict[str, Any] = json.loads(data)
+    return hello
+
+
+def _call(
+    out: Any, sock: socket.socket, hello: dict[str, Any], code: str, deadline: float, timeout: float
+) -> int:
+    pipes = [os.pipe(), os.pipe()]
     request = (json.dumps({"code": code}) + "\n").encode()
-    socket.send_fds(sock, [request[:1]], [1, 2])
-    sock.sendall(request[1:])
-    sock.settimeout(max(deadline - time.monotonic(), 0.001))
-    interrupted = False
-    while True:
-        try:
-            line = answers.line()
-            break
-        except TimeoutError:
-            if interrupted:
-                _end_server(int(hello["pid"]))
-                _note(
-                    f"spillbox: the cell did not stop within {INTERRUPT_GRACE:g} s of its "
-                    f"interrupt at the {timeout:g} s timeout: the session was ended and its "
-                    "names are gone; the next call starts a new one"
-                )
-                return EXIT_INTERRUPTED
-            interrupted = True
-            try:
-                sock.sendall(b"interrupt\n")
-            except OSError:
-                pass  # the server is gone: the read below says so
-            sock.settimeout(INTERRUPT_GRACE)
-    if not line.endswith(b"\n"):
+    try:
+        socket.send_fds(sock, [request[:1]], [pipes[0][1], pipes[1][1]])
+        sock.sendall(request[1:])
+    finally:
+        for _, write_end in pipes:
+            os.close(write_end)
+    cell = Relayed(out, sock, {pipes[0][0]: wire.STDOUT, pipes[1][0]: wire.STDERR})
+    answer = cell.pump(deadline, int(hello["pid"]))
+    if cell.ended:
         _note(
-            "spillbox: the Python session ended while this cell ran (it crashed, exited, or "
-            "ran out of memory): its names are gone; the next call starts a new, empty one"
-        )
-        return EXIT_ENDED
-    answer = json.loads(line)
-    if answer.get("left"):
-        _note(
-            f"spillbox: the cell left {answer['left']} thread(s) running that did not stop "
-            f"within {THREAD_GRACE:g} s (a thread would write into later cells' output): the "
-            "session was ended and its names are gone; join threads before a cell ends"
-        )
-    if answer["interrupted"]:
-        _note(
-            f"spillbox: the cell was interrupted at its {timeout:g} s timeout; the session "
-            "is kept, with the names defined before the interrupt"
+            out,
+            f"spillbox: the cell did not stop within {INTERRUPT_GRACE:g} s of its interrupt at "
+            f"the {timeout:g} s timeout: the session was ended and its names are gone; the next "
+            "call starts a new one",
         )
         return EXIT_INTERRUPTED
-    return int(answer["exit_code"])
+    return _ended(out, answer, timeout)
+
+
+class Relayed:
+    """One cell as the relay sees it: its pipes, framed onto the relay's stdout as they come,
+    and the server's answer line; the interrupt at the deadline, and the end of the session
+    if the cell does not stop INTERRUPT_GRACE later."""
+
+    def __init__(self, out: Any, sock: socket.socket, pipes: dict[int, bytes]) -> None:
+        import selectors
+
+        self.out, self.sock = out, sock
+        self.selector = selectors.DefaultSelector()
+        for fd, kind in pipes.items():
+            self.selector.register(fd, selectors.EVENT_READ, kind)
+        self.selector.register(sock, selectors.EVENT_READ, None)
+        self.open = len(pipes) + 1
+        self.answer = bytearray()
+        self.interrupted = False
+        self.ended = False
+
+    def pump(self, deadline: float, server: int) -> bytes:
+        """The server's answer (without a newline if it died first), once the pipes ended."""
+        while self.open:
+            ready = self.selector.select(max(deadline - time.monotonic(), 0))
+            if not ready and time.monotonic() >= deadline:
+                if self.ended:
+                    break  # what holds the pipes open is not the session's: stop reading
+                deadline = time.monotonic() + INTERRUPT_GRACE
+                if self.interrupted:
+                    self.ended = True
+                    _end_server(server)
+                    continue
+                self.interrupted = True
+                try:
+                    self.sock.sendall(b"interrupt\n")
+                except OSError:
+                    pass  # the server is gone: its end is read below
+            for key, _ in ready:
+                self._read(key)
+        for key in list(self.selector.get_map().values()):
+            if key.data is not None:
+                os.close(key.fd)
+        self.selector.close()
+        return bytes(self.answer)
+
+    def _read(self, key: Any) -> None:
+        if key.data is None:
+            try:
+                chunk = self.sock.recv(1 << 12)
+            except OSError:
+                chunk = b""
+            self.answer += chunk
+            if chunk and not self.answer.endswith(b"\n"):
+                return
+            if not chunk:
+                sweep({os.getpid()})  # a dead server's children may hold the pipes
+        else:
+            try:
+                chunk = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if chunk:
+                wire.frame(self.out, key.data, chunk)
+                return
+            os.close(key.fd)
+        self.selector.unregister(key.fileobj)
+        self.open -= 1
+
+
+def _ended(out: Any, answer: bytes, timeout: float) -> int:
+    """The cell's exit code from the server's answer, and what the host should be told."""
+    if not answer.endswith(b"\n"):
+        _note(
+            out,
+            "spillbox: the Python session ended while this cell ran (it crashed, exited, or "
+            "ran out of memory): its names are gone; the next call starts a new, empty one",
+        )
+        return EXIT_ENDED
+    ended = json.loads(answer)
+    if ended.get("left"):
+        _note(
+            out,
+            f"spillbox: the cell left {ended['left']} thread(s) running that did not stop "
+            f"within {THREAD_GRACE:g} s (a thread would write into later cells' output): the "
+            "session was ended and its names are gone; join threads before a cell ends",
+        )
+    if ended["interrupted"]:
+        _note(
+            out,
+            f"spillbox: the cell was interrupted at its {timeout:g} s timeout; the session "
+            "is kept, with the names defined before the interrupt",
+        )
+        return EXIT_INTERRUPTED
+    return int(ended["exit_code"])
 
 
 def _connect() -> socket.socket:
@@ -302,9 +412,10 @@ def sweep(spare: set[int]) -> None:
 
 
 class Cell:
-    """Whether a cell runs (an interrupt that comes after it ended is ignored), and whether
-    it was interrupted."""
+    """Which cell this is, whether it runs (an interrupt that comes after it ended is
+    ignored), and whether it was interrupted."""
 
+    number = 0
     running = False
     interrupted = False
 
@@ -355,7 +466,10 @@ def serve() -> None:
             except (OSError, ValueError, KeyError):
                 continue  # the relay went away before its cell began
             Cell.interrupted = False
-            watcher = threading.Thread(target=_watch, args=(client, con), daemon=True)
+            Cell.number += 1
+            watcher = threading.Thread(
+                target=_watch, args=(client, con, Cell.number), daemon=True
+            )
             watcher.start()
             ours = set(sys._current_frames())
             left = 0
@@ -363,15 +477,14 @@ def serve() -> None:
                 for fd, target in zip(outputs, (1, 2), strict=True):
                     os.dup2(fd, target)
                     os.close(fd)
-                exit_code = _cell(code, namespace, partial(_load, loader, con, code))
-                exit_code = _figures() or exit_code
+                try:
+                    exit_code = _cell(code, namespace, partial(_load, loader, con, code))
+                    exit_code = _figures() or exit_code
+                except OSError:  # writing the cell's error: its relay, the reader, is gone
+                    exit_code = 1
             finally:
                 left = _end_threads(ours)
-                for stream in (sys.stdout, sys.stderr):
-                    try:
-                        stream.flush()
-                    except (OSError, ValueError):
-                        pass
+                _flush_or_drop()
                 os.dup2(log, 1)
                 os.dup2(log, 2)
                 sweep({os.getpid()})
@@ -383,6 +496,22 @@ def serve() -> None:
                 pass  # the relay is gone (its host process ended): the cell's result is moot
         if left:
             os._exit(EXIT_ENDED)  # a thread outlives its cell: the session goes with it
+
+
+def _flush_or_drop() -> None:
+    """Flush what the cell printed; what cannot be written (its relay, the reader, is gone)
+    goes nowhere, not into the next cell's output."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # the cell closed or replaced the stream: nothing of it is left to leak
 
 
 def _end_threads(ours: set[int]) -> int:
@@ -438,21 +567,29 @@ def _request(client: socket.socket) -> tuple[str, list[int]]:
     return str(json.loads(buffer)["code"]), fds
 
 
-def _watch(client: socket.socket, con: Any) -> None:
-    """Interrupt the running cell when its relay says so (its timeout): the DuckDB
-    connection at once, the Python code at its next bytecode (a sleep ends early)."""
+def _watch(client: socket.socket, con: Any, number: int) -> None:
+    """Interrupt the running cell when its relay says so (its timeout), or when its relay
+    went away (killed: no one is left to read the cell's output, and the next relay waits
+    for this server): the DuckDB connection at once, the Python code at its next bytecode
+    (a sleep ends early)."""
+    try:
+        for line in client.makefile("rb"):
+            if line.strip() == b"interrupt":
+                _interrupt(con, number)
+    except OSError:
+        pass
+    _interrupt(con, number)
+
+
+def _interrupt(con: Any, number: int) -> None:
     import threading
 
     main = threading.main_thread().ident
-    try:
-        for line in client.makefile("rb"):
-            if line.strip() == b"interrupt" and Cell.running:
-                Cell.interrupted = True
-                con.interrupt()
-                if main is not None:
-                    signal.pthread_kill(main, signal.SIGINT)
-    except OSError:
-        return
+    if Cell.running and Cell.number == number:
+        Cell.interrupted = True
+        con.interrupt()
+        if main is not None:
+            signal.pthread_kill(main, signal.SIGINT)
 
 
 def _interrupt_cell(signum: int, frame: Any) -> None:
@@ -509,4 +646,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["serve"]:
         serve()
     else:
-        sys.exit(relay(sys.argv[1], float(sys.argv[2])))
+        sys.exit(relay())

@@ -9,8 +9,8 @@ re-parsing the JSON (400 ms for 40 MB) and re-importing duckdb (260 ms) each tim
 One file, two roles:
 
     python3 sqlserver.py          the relay: what a host process execs. It forwards request
-                                  lines from stdin to the engine over a Unix socket and the
-                                  answers back to stdout, and starts the engine (under a lock,
+                                  lines from stdin to the engine over a Unix socket and each
+                                  answer back to stdout as an END frame (wire.py), and starts the engine (under a lock,
                                   so only once) when none answers. It does not import duckdb.
     python3 sqlserver.py serve    the engine: one thread and one DuckDB connection per relay,
                                   so one process's long query does not hold up another's.
@@ -29,6 +29,14 @@ runs twice (the host retries one whose engine died) has the same effect as once.
 A query that reads an offloaded file by its path (read_json_auto('/sandbox/offload/c1.json'),
 or the quoted path as a table) is rewritten to the artifact's table, using DuckDB's own
 parser to find where, so it answers at the table's speed and with the same rows.
+
+A JSON object that wraps records (an API's {"total_count": .., "items": [...]}) is one row
+in its table; each array of objects in it, up to RECORDS_MAX_DEPTH keys deep, is also a
+table of its own with one row per record, named by the artifact's id and the path as the
+notice writes it ("c1/items", "c1/data.search.nodes", 'c1/["a.b"].items'): queried as fast
+as the same records stored as a bare array, where unnest over the one row re-reads the
+whole list on every query. Request {"preload": true} loads every artifact not loaded yet in
+the background, newest first (the host sends it once a payload is offloaded).
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import wire
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -63,6 +73,10 @@ READERS = {
     "csv": "read_csv_auto('{path}')",
 }
 MIN_OBJECT_SIZE = 64 * 1024 * 1024
+LOAD_ATTEMPTS = 5
+"""Loads of a growing file before the table keeps what the last one read."""
+SETTLE_SECONDS = 0.1
+"""How long an NDJSON file may end mid-line, unchanged, before it is loaded as it is."""
 PATH_READERS = {
     "json": {"read_json_auto", "read_json"},
     "ndjson": {"read_json_auto", "read_json", "read_ndjson_auto", "read_ndjson"},
@@ -83,6 +97,10 @@ CHECK_SECONDS = 5.0
 cache when an artifact is deleted; an engine nobody can reach then exits)."""
 NOWHERE = (1 << 64) - 1
 """DuckDB's query_location for a node that has none."""
+RECORDS_MAX_DEPTH = 4
+"""Arrays of objects this many keys deep at most get a records table (as deep as the host's
+profile looks for records)."""
+PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Refused(Exception):
@@ -108,8 +126,7 @@ def relay() -> int:
         if not answer.endswith(b"\n"):
             sys.stderr.write(f"the SQL engine stopped: {_log_tail()}\n")
             return 1
-        sys.stdout.buffer.write(answer)
-        sys.stdout.buffer.flush()
+        wire.frame(sys.stdout.buffer, wire.END, answer.rstrip(b"\n"))
     return 0
 
 
@@ -188,6 +205,7 @@ def serve() -> None:
     con.execute(f"SET threads={max(os.cpu_count() or 1, 1)}")
     con.execute("SET lock_configuration=true")
     con.execute(f"CREATE TABLE IF NOT EXISTS {LOADED} (name VARCHAR PRIMARY KEY, stamp VARCHAR)")
+    drop_deleted(con)
     loader = Loader()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     staging = f"{SOCKET}.{os.getpid()}"
@@ -236,48 +254,214 @@ class Loader:
     def __init__(self) -> None:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._preloading = False
+        self._wanted = False
 
-    def load(self, cursor: DuckDBPyConnection, sql: str) -> list[str]:
-        """Load what sql names (by artifact id) and is not loaded yet; return load errors."""
+    def load(self, cursor: DuckDBPyConnection, sql: str, wait: float = -1) -> list[str]:
+        """Load what sql names (by artifact id) and is not loaded yet; return load errors.
+        Raises TimeoutError if an artifact it names is still loading after wait seconds."""
+        return self._load_each(cursor, [file for file in _table_files() if file[0] in sql], wait)
+
+    def preload(self, cursor: DuckDBPyConnection) -> None:
+        """Load every artifact not loaded yet, newest first, in a thread of its own (one at
+        a time: asked again while it runs, it runs once more); cursor is its own."""
+        with self._guard:
+            self._wanted = True
+            if self._preloading:
+                cursor.close()
+                return
+            self._preloading = True
+        threading.Thread(target=self._preload, args=(cursor,), daemon=True).start()
+
+    def _preload(self, cursor: DuckDBPyConnection) -> None:
+        with cursor:
+            while True:
+                with self._guard:
+                    if not self._wanted:
+                        self._preloading = False
+                        return
+                    self._wanted = False
+                # Its errors are the business of the query that names the artifact: its own
+                # load tries again and reports them.
+                self._load_each(cursor, _table_files(newest_first=True), -1)
+
+    def _load_each(
+        self, cursor: DuckDBPyConnection, files: list[tuple[str, str, str]], wait: float
+    ) -> list[str]:
         import duckdb
 
         errors = []
-        for name in sorted(os.listdir(OFFLOAD)):
-            stem, _, ext = name.rpartition(".")
-            if ext not in READERS or stem not in sql:
-                continue
+        deadline = time.monotonic() + wait
+        for stem, name, ext in files:
             with self._guard:
                 lock = self._locks.setdefault(stem, threading.Lock())
-            with lock:
-                try:
-                    self._load(cursor, stem, name, ext)
-                except duckdb.InterruptException:
-                    raise  # past the query's timeout: reported as such
-                except duckdb.Error as e:
-                    errors.append(f"artifact {stem} could not be loaded as a table: {e}")
-                except FileNotFoundError:
-                    pass  # deleted since it was listed: the query says what is missing
+            if not lock.acquire(timeout=max(deadline - time.monotonic(), 0) if wait >= 0 else -1):
+                raise TimeoutError(f"artifact {stem} was still loading as a table")
+            try:
+                self._load(cursor, stem, name, ext)
+            except duckdb.InterruptException:
+                raise  # past the query's timeout: reported as such
+            except duckdb.Error as e:
+                errors.append(f"artifact {stem} could not be loaded as a table: {e}")
+            except FileNotFoundError:
+                pass  # deleted since it was listed: the query says what is missing
+            finally:
+                lock.release()
         return errors
 
     def _load(self, cursor: DuckDBPyConnection, stem: str, name: str, ext: str) -> None:
-        info = os.stat(os.path.join(OFFLOAD, name))
-        stamp = f"{info.st_size}:{info.st_mtime_ns}"
-        found = cursor.execute(f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]).fetchone()
-        if found is not None and found[0] == stamp:
-            return
-        path = os.path.join(OFFLOAD, name).replace("'", "''")
-        # A JSON document is one object to DuckDB: records wrapped in an envelope are as
-        # large as the whole file, so the bound is the file's size (64 MiB at least).
-        size = max(MIN_OBJECT_SIZE, info.st_size + 1)
-        reader = READERS[ext].format(path=path, size=size)
-        cursor.execute("BEGIN TRANSACTION")
-        try:
-            cursor.execute(f"CREATE OR REPLACE TABLE {quote(stem)} AS SELECT * FROM {reader}")
-            cursor.execute(f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp])
-            cursor.execute("COMMIT")
-        except BaseException:
-            cursor.execute("ROLLBACK")
-            raise
+        """Load the artifact as its table (and, for a JSON object, each records array it
+        holds as a table of its own), unless the table holds the file as it is now.
+
+        A file that grows (a task's history, appended to in place by the host) is loaded
+        again when its size or time changes; a load during which it changed is done again,
+        so a table never holds half of an append."""
+        path = os.path.join(OFFLOAD, name)
+        for attempt in range(LOAD_ATTEMPTS):
+            info = whole_lines(path, ext)
+            stamp = f"{info.st_size}:{info.st_mtime_ns}"
+            found = cursor.execute(f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]).fetchone()
+            if found is not None and found[0] == stamp:
+                return
+            # A JSON document is one object to DuckDB: records wrapped in an envelope are as
+            # large as the whole file, so the bound is the file's size (64 MiB at least).
+            size = max(MIN_OBJECT_SIZE, info.st_size + 1)
+            reader = READERS[ext].format(path=path.replace("'", "''"), size=size)
+            cursor.execute("BEGIN TRANSACTION")
+            try:
+                create_tables(cursor, stem, reader, _is_object(name, ext))
+                cursor.execute(f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp])
+                after = os.stat(path)
+                if (after.st_size, after.st_mtime_ns) != (info.st_size, info.st_mtime_ns):
+                    if attempt + 1 < LOAD_ATTEMPTS:
+                        cursor.execute("ROLLBACK")
+                        continue  # appended to while it loaded: load what it is now
+                cursor.execute("COMMIT")
+                return
+            except BaseException:
+                cursor.execute("ROLLBACK")
+                raise
+
+
+def create_tables(cursor: DuckDBPyConnection, stem: str, reader: str, is_object: bool) -> None:
+    """The artifact's table, read by reader, and for a JSON object a table of each array of
+    records it holds (named by records_table), replacing what an earlier load made."""
+    drop_tables(cursor, stem)
+    cursor.execute(f"CREATE TABLE {quote(stem)} AS SELECT * FROM {reader}")
+    if not is_object:
+        return
+    table = cursor.table(quote(stem))
+    for path_keys in record_arrays(list(zip(table.columns, table.dtypes, strict=True))):
+        cursor.execute(
+            f"CREATE TABLE {quote(records_table(stem, path_keys))} AS "
+            f"SELECT unnest({field(path_keys)}, max_depth := 2) FROM {quote(stem)}"
+        )
+
+
+def whole_lines(path: str, ext: str) -> os.stat_result:
+    """The file's stat, once an NDJSON file ends a line: one the host is appending to
+    ends mid-line only while its write is under way (the kernel shows it page by page).
+    An NDJSON file that never ends a line (its last record has no newline) is taken as it
+    is after SETTLE_SECONDS without change."""
+    info = os.stat(path)
+    if ext != "ndjson":
+        return info
+    settled = time.monotonic()
+    while not ends_line(path, info.st_size) and time.monotonic() - settled < SETTLE_SECONDS:
+        time.sleep(SETTLE_SECONDS / 50)
+        later = os.stat(path)
+        if (later.st_size, later.st_mtime_ns) != (info.st_size, info.st_mtime_ns):
+            info, settled = later, time.monotonic()
+    return info
+
+
+def ends_line(path: str, size: int) -> bool:
+    if size == 0:
+        return True
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
+def _table_files(newest_first: bool = False) -> list[tuple[str, str, str]]:
+    """The offloaded files the engine loads as tables: (artifact id, file name, extension)."""
+    found = []
+    for name in os.listdir(OFFLOAD):
+        stem, _, ext = name.rpartition(".")
+        if ext in READERS:
+            found.append((stem, name, ext))
+    if not newest_first:
+        return sorted(found)
+    return sorted(found, key=lambda file: _modified(file[1]), reverse=True)
+
+
+def _modified(name: str) -> int:
+    try:
+        return os.stat(os.path.join(OFFLOAD, name)).st_mtime_ns
+    except FileNotFoundError:
+        return 0  # deleted since it was listed: its load finds it gone
+
+
+def _is_object(name: str, ext: str) -> bool:
+    """Whether a payload is one JSON object (its table one row, whose arrays of objects get
+    tables of their own), not an array or lines of records (whose arrays stay in their rows)."""
+    if ext != "json":
+        return False
+    with open(os.path.join(OFFLOAD, name), "rb") as payload:
+        return payload.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")[:1] == b"{"
+
+
+def drop_tables(cursor: DuckDBPyConnection, stem: str) -> None:
+    """Drop an artifact's table and its records tables ("stem/..." names: no artifact id
+    holds a "/"), and forget that it was loaded."""
+    found = cursor.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE table_name = ? OR starts_with(table_name, ?)",
+        [stem, f"{stem}/"],
+    ).fetchall()
+    for (table,) in found:
+        cursor.execute(f"DROP TABLE {quote(table)}")
+    cursor.execute(f"DELETE FROM {LOADED} WHERE name = ?", [stem])
+
+
+def drop_deleted(cursor: DuckDBPyConnection) -> None:
+    """Drop the tables of artifacts whose payload is gone: deleting one stops the engine and
+    then deletes its cache, and an engine started in between must not serve its tables."""
+    present = {stem for stem, _, _ in _table_files()}
+    for (stem,) in cursor.execute(f"SELECT name FROM {LOADED}").fetchall():
+        if stem not in present:
+            drop_tables(cursor, stem)
+
+
+def record_arrays(
+    columns: list[tuple[str, Any]], path: tuple[str, ...] = ()
+) -> list[tuple[str, ...]]:
+    """The key paths of the arrays of objects among columns (name, DuckDB type), looking
+    into objects up to RECORDS_MAX_DEPTH keys deep."""
+    found: list[tuple[str, ...]] = []
+    for key, kind in columns:
+        here = (*path, key)
+        if kind.id == "list" and kind.children[0][1].id == "struct":
+            found.append(here)
+        elif kind.id == "struct" and len(here) < RECORDS_MAX_DEPTH:
+            found.extend(record_arrays(list(kind.children), here))
+    return found
+
+
+def records_table(stem: str, path: tuple[str, ...]) -> str:
+    """The records table's name: the artifact's id, "/", the path as the host's notice
+    writes it (spillbox.profile.path_text: a key that is not a plain name JSON-quoted in
+    brackets, so the name is printable ASCII whatever the keys hold)."""
+    parts = [
+        ("." if index else "") + key if PLAIN_KEY.fullmatch(key) else f"[{json.dumps(key)}]"
+        for index, key in enumerate(path)
+    ]
+    return f"{stem}/{''.join(parts)}"
+
+
+def field(path: tuple[str, ...]) -> str:
+    """The SQL expression of the value at path in an artifact's one-row table."""
+    first, *rest = path
+    return quote(first) + "".join("['" + key.replace("'", "''") + "']" for key in rest)
 
 
 def quote(name: str) -> str:
@@ -395,40 +579,37 @@ def run(
 ) -> dict[str, object]:
     import duckdb
 
+    if request.get("preload"):
+        loader.preload(cursor.cursor())
+        return {"exit_code": 0, "stdout": "", "stderr": "", "timed_out": False, "truncated": False}
     sql = str(request["sql"])
     max_bytes = int(request.get("max_bytes", 32 * 1024 * 1024))
-    timer = threading.Timer(float(request.get("timeout", 30)), cursor.interrupt)
-    out = io.StringIO()
-    stderr: list[str] = []
+    timeout = float(request.get("timeout", 30))
+    timer = threading.Timer(timeout, cursor.interrupt)
+    stdout, stderr = "", []
     exit_code, timed_out, truncated = 0, False, False
     timer.start()
     try:
         check(cursor, sql)
         sql = rewrite_paths(cursor, sql)
-        stderr.extend(loader.load(cursor, sql))
+        stderr.extend(loader.load(cursor, sql, wait=timeout))
         cursor.execute("BEGIN TRANSACTION")
         try:
-            result = cursor.execute(sql)
-            if result.description:
-                writer = csv.writer(out, lineterminator="\n")
-                writer.writerow([column[0] for column in result.description])
-                while rows := result.fetchmany(FETCH_ROWS):
-                    writer.writerows([cell(v) for v in row] for row in rows)
-                    if out.tell() > max_bytes:
-                        truncated = True
-                        stderr.append(
-                            f"output over {max_bytes} bytes was cut: aggregate, filter or add LIMIT"
-                        )
-                        break
+            stdout, truncated = as_csv(cursor.execute(sql), max_bytes)
         finally:
             timer.cancel()
             cursor.execute("ROLLBACK")
+        if truncated:
+            stderr.append(f"output over {max_bytes} bytes was cut: aggregate, filter or add LIMIT")
     except Refused as e:
         exit_code = 1
         stderr.append(str(e))
     except duckdb.InterruptException:
         exit_code, timed_out = 124, True
         stderr.append("query interrupted: it ran past its timeout")
+    except TimeoutError as e:  # waiting for a load another query or the preload began
+        exit_code, timed_out = 124, True
+        stderr.append(f"query interrupted: it ran past its timeout ({e})")
     except duckdb.Error as e:
         exit_code = 1
         stderr.append(str(e))
@@ -436,11 +617,24 @@ def run(
         timer.cancel()
     return {
         "exit_code": exit_code,
-        "stdout": out.getvalue(),
+        "stdout": stdout,
         "stderr": "\n".join(stderr),
         "timed_out": timed_out,
         "truncated": truncated,
     }
+
+
+def as_csv(result: DuckDBPyConnection, max_bytes: int) -> tuple[str, bool]:
+    """A result's rows as CSV with a header, and whether they were cut past max_bytes."""
+    out = io.StringIO()
+    if result.description:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([column[0] for column in result.description])
+        while rows := result.fetchmany(FETCH_ROWS):
+            writer.writerows([cell(v) for v in row] for row in rows)
+            if out.tell() > max_bytes:
+                return out.getvalue(), True
+    return out.getvalue(), False
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ call, and the matplotlib figures a script or cell leaves open, saved there first
     python3 -S takeout.py collect MAX_FILES MAX_FILE_BYTES
 
 is what the host execs, as the engine uid (no script can kill or steer it), when a call
-ended with the folder not empty. It writes frames on stdout, as the fork server's relay
-does (one byte, four bytes of length, the data): b"F" a file taken (its name in UTF-8, a
-newline, its bytes), b"n" one line about an entry not taken. Every entry is removed
+ended with the folder not empty. It writes frames on stdout (wire.py), as the fork server's
+relay does: FILE a file taken (its name in UTF-8, a newline, its bytes), NOTE one line about
+an entry not taken. Every entry is removed
 afterwards, taken or not, so the next call starts with an empty folder.
 
 Only regular files directly in the folder are taken, each read through its own descriptor
@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import struct
 import sys
+
+import wire
 
 OUTPUTS = "/sandbox/outputs"
 MAX_NOTES = 20
@@ -73,7 +74,7 @@ def collect(max_files: int, max_file_bytes: int) -> int:
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
-        _frame(out, b"n", f"the output folder could not be listed: {e.strerror}")
+        wire.frame(out, wire.NOTE, f"the output folder could not be listed: {e.strerror}")
         return 1
     notes: list[str] = []
     taken = 0
@@ -90,16 +91,16 @@ def collect(max_files: int, max_file_bytes: int) -> int:
             if data is None:
                 notes.append(f"{_shown(name)}: not taken, {why}")
             else:
-                _frame(out, b"F", name + b"\n" + data)
+                wire.frame(out, wire.FILE, name + b"\n" + data)
                 taken += 1
                 room -= len(data)
         failed = _remove(path)
         if failed:
             notes.append(f"{_shown(name)}: could not be removed ({failed})")
     for note in notes[:MAX_NOTES]:
-        _frame(out, b"n", note)
+        wire.frame(out, wire.NOTE, note)
     if len(notes) > MAX_NOTES:
-        _frame(out, b"n", f"and {len(notes) - MAX_NOTES} more entries not taken")
+        wire.frame(out, wire.NOTE, f"and {len(notes) - MAX_NOTES} more entries not taken")
     return 0
 
 
@@ -188,13 +189,6 @@ def _printable(name: bytes) -> bool:
         return name.decode("utf-8").isprintable()
     except UnicodeDecodeError:
         return False
-
-
-def _frame(out: object, kind: bytes, data: bytes | str) -> None:
-    if isinstance(data, str):
-        data = data.encode("utf-8", "backslashreplace")
-    out.write(kind + struct.pack(">I", len(data)) + data)  # type: ignore[attr-defined]
-    out.flush()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ one that is not as the runners write it is an ExecError that names the answer as
 malformed, which the call gets as its error result. Nothing of it reaches the host's
 arithmetic, its catalog, or the loop.
 
-    end = fork_server_end(b'{"exit_code": 0, "oom_killed": false, "outputs": false}')
+    end = runner_end(b'{"exit_code": 0, "oom_killed": false, "nonce": "a1"}', "a1")
     end.exit_code
 """
 
@@ -26,8 +26,9 @@ _SHOWN = 120
 
 
 @dataclass(frozen=True)
-class ForkServerEnd:
-    """The fork server's END frame (forkserver.py): how a stateless script ended."""
+class RunnerEnd:
+    """A runner's END frame: how a stateless script (forkserver.py) or a session cell
+    (session.py) ended."""
 
     exit_code: int
     oom_killed: bool
@@ -46,11 +47,16 @@ class EngineAnswer:
     truncated: bool
 
 
-def fork_server_end(data: bytes) -> ForkServerEnd:
-    """The END frame's data; a script that replaced the fork server writes what it likes."""
-    what = "the fork server's end of a script"
+def runner_end(data: bytes, nonce: str) -> RunnerEnd:
+    """The END frame's data; a script that replaced the fork server writes what it likes,
+    and a cell that reached its relay's stdout (gVisor keeps no process of the session uid
+    from another's descriptors) writes frames into it: the end carries the nonce of the
+    call it ends, which no script or cell is given."""
+    what = "a runner's end of a script"
     answer = _object(data, what)
-    return ForkServerEnd(
+    if answer.get("nonce") != nonce:
+        raise _malformed(what, "not this call's end (its nonce differs)")
+    return RunnerEnd(
         exit_code=_exit_code(answer, what),
         oom_killed=_flag(answer, "oom_killed", what),
         outputs=_flag(answer, "outputs", what, default=False),

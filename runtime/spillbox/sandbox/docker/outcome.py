@@ -2,13 +2,13 @@
 at which the host steps in behind a script's own timeout.
 
 A script runs under a runner inside the container, which applies its timeout, sweeps what
-it left, and says when it ended: a stateless script in the fork server (forkserver.py, read
-through a relay the host keeps open: runner.py), whose END frame carries the exit code and
-the OOM mark; a session cell in a `docker exec` of the session's relay (session.py), whose
-last stderr line is the end mark. The host reads the output, asks whether the container
-still runs whenever that output is quiet for a second (stream.watched_frames), kills every
-process of the runner's uid at Deadlines.kill_at and gives up at Deadlines.give_up_at. An
-exec's outcome is one or more of these flags:
+it left, and says when it ended: a stateless script in the fork server (forkserver.py), a
+session cell in the Python session (session.py), each read through a relay the host keeps
+open (channels.py), whose END frame carries the exit code and the OOM mark (the end mark).
+The host reads the output, asks whether the container still runs whenever that output is
+quiet for a second (stream.watched_frames), kills every process of the runner's uid at
+Deadlines.kill_at and gives up at Deadlines.give_up_at. An exec's outcome is one or more of
+these flags:
 
 | outcome            | the host tells it by            | the host then         | the caller gets  |
 |--------------------|---------------------------------|-----------------------|------------------|
@@ -69,7 +69,6 @@ already refuses to exec into it), it is NEVER_STARTED: it runs again in the rest
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, Flag, auto
@@ -84,10 +83,6 @@ EXIT_KILLED = 137
 """The exit code reported when a restart or a dead sandbox took the exec's own with it."""
 TIMEOUT_EXITS = (124, 137)
 """`timeout`'s own exit, and that of a process it (or the host) killed with SIGKILL."""
-END_MARKER = b"\x1espillbox:end "
-"""How the session relay's last stderr line starts (a runner that ended by itself, in a live
-sandbox): then the call's nonce, a space, and {"oom_killed": bool, "outputs": bool} (the
-memory limit killed something; the cell left files in /sandbox/outputs)."""
 STOPPED_NOTE = (
     b"spillbox: the sandbox stopped while the script ran; the next exec restarts it, with "
     b"an empty /sandbox/work and a new, empty Python session (the payloads stay)\n"
@@ -146,22 +141,6 @@ class Deadlines:
             kill_at=started + timeout + KILL_GRACE_SECONDS,
             give_up_at=started + timeout + 3 * KILL_GRACE_SECONDS,
         )
-
-
-def split_end(stderr: bytes, nonce: str) -> tuple[bytes, bool, bool, bool]:
-    """stderr without the session relay's end line, whether it ended with one carrying
-    this call's nonce (a cell, which never sees the nonce, cannot forge it), and that line's
-    OOM and outputs flags."""
-    body, _, last = stderr.rstrip(b"\n").rpartition(b"\n")
-    head = END_MARKER + nonce.encode() + b" "
-    if not stderr.endswith(b"\n") or not last.startswith(head):
-        return stderr, False, False, False
-    try:
-        flags = json.loads(last[len(head) :])
-    except ValueError:
-        return stderr, False, False, False
-    body = body + b"\n" if body else b""
-    return body, True, flags.get("oom_killed") is True, flags.get("outputs") is True
 
 
 def classify(

@@ -131,33 +131,6 @@ def watched_frames(
         yield frame
 
 
-class Frames:
-    """The frames of spillbox's own runners inside the sandbox (the fork server's relay,
-    takeout.py): one byte of kind, four bytes of length, the data; fed in any pieces.
-
-    >>> frames = Frames()
-    >>> frames.feed(b"F" + (2).to_bytes(4, "big") + b"hi" + b"E")
-    >>> list(frames)
-    [(b'F', b'hi')]
-    """
-
-    def __init__(self) -> None:
-        self._pending = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._pending += data
-
-    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
-        """The complete frames received so far (a partial one waits for more)."""
-        while len(self._pending) >= 5:
-            size = struct.unpack(">I", self._pending[1:5])[0]
-            if len(self._pending) < 5 + size:
-                return
-            kind, data = bytes(self._pending[:1]), bytes(self._pending[5 : 5 + size])
-            del self._pending[: 5 + size]
-            yield kind, data
-
-
 class CappedBuffer:
     """Keeps the first `cap` bytes and the last OUTPUT_TAIL_BYTES; counts what it drops."""
 
