@@ -182,18 +182,19 @@ def node_id(name: str) -> str:
 def start_node_host(cluster: LocalCluster, name: str, catalog_url: str) -> dict[str, Any]:
     """(Re)start node name's host (RUNTIMES, LEASE_SECONDS), its metrics served on a free
     port; its info."""
+    from spillbox.sandbox.ray.host import HostSettings
     from spillbox.sandbox.ray.start import start_host
 
-    info = start_host(
+    settings = HostSettings(
         name,
         str(cluster.homes[name]),
         catalog_url,
-        node_id=node_id(name),
         cap=4,
         runtime=RUNTIMES[name],
         gc_interval=0,
         lease=LEASE_SECONDS,
         metrics_listen="127.0.0.1:0",
     )
+    info = start_host(settings, node_id=node_id(name))
     cluster.hosts[name] = info
     return info

@@ -383,12 +383,12 @@ def _host(args: argparse.Namespace) -> int:
         raise ConfigError("a spillbox host needs SPILLBOX_CATALOG_URL: the cluster's Postgres")
     try:
         from spillbox.sandbox.ray.backend import connect
-        from spillbox.sandbox.ray.host import DEFAULT_CAP
+        from spillbox.sandbox.ray.host import DEFAULT_CAP, HostSettings
         from spillbox.sandbox.ray.start import start_host
     except ImportError as e:
         raise ConfigError(f"a spillbox host needs Ray: pip install 'spillbox[ray]' ({e})") from None
     connect(args.address)
-    info = start_host(
+    host = HostSettings(
         args.name or socket.gethostname(),
         str(Path(args.home).expanduser().resolve()),
         settings.catalog_url,
@@ -396,6 +396,7 @@ def _host(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         metrics_listen=args.metrics_listen or settings.metrics_listen,
     )
+    info = start_host(host)
     served = f", metrics on port {info['metrics_port']}" if info["metrics_port"] else ""
     print(
         f"spillbox host {info['name']} is up (epoch {info['epoch']}, home {info['home']}{served})"

@@ -21,6 +21,7 @@ import secrets
 import threading
 import time
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,45 +59,52 @@ of it): a dead harness's open hold lapses this long after its last renewal."""
 Held = Hold | AbstractContextManager[Any]
 
 
+@dataclass(frozen=True)
+class HostSettings:
+    """What a node's host is started with (`spillbox host`'s flags)."""
+
+    name: str
+    home: str
+    catalog_url: str
+    """The cluster's Postgres: every host's and every harness's catalog."""
+    cap: int = DEFAULT_CAP
+    sandbox: SandboxKind = "docker"
+    gc_interval: float = 300.0
+    """Seconds between the host's own collections of its node (0: none)."""
+    runtime: str | None = None
+    """The node's OCI runtime for sandboxes ("runsc" for gVisor; None: Docker's default)."""
+    lease: float = DEFAULT_LEASE_SECONDS
+    metrics_listen: str | None = None
+    """HOST:PORT where this host's metrics are served (its sandboxes, execs and gc; None:
+    not served)."""
+
+
 class SpillboxHost:
     """What a node's host actor does: task storage, sandbox calls and gc, by task id."""
 
-    def __init__(
-        self,
-        name: str,
-        home: str,
-        catalog_url: str,
-        node_id: str,
-        cap: int = DEFAULT_CAP,
-        sandbox: SandboxKind = "docker",
-        gc_interval: float = 300.0,
-        runtime: str | None = None,
-        lease: float = DEFAULT_LEASE_SECONDS,
-        metrics_listen: str | None = None,
-    ) -> None:
-        """runtime: the node's OCI runtime for sandboxes ("runsc" for gVisor); lease: see
-        DEFAULT_LEASE_SECONDS; metrics_listen: HOST:PORT where this host's metrics are
-        served (its sandboxes, execs and gc; None: not served)."""
+    def __init__(self, settings: HostSettings, node_id: str) -> None:
+        name, home = settings.name, settings.home
         self.name = name
         self.epoch = secrets.token_hex(8)
-        self.cap = cap
-        self.lease = lease
+        self.cap = settings.cap
+        self.lease = settings.lease
         # The node's own harness: its backend, catalog and collector; it opens no Task.
         # No warm pool on a host yet: placement, the lost-host sweep and the node-kill
         # tests know a task's container by its task label, which a pool slot lacks.
         self.harness = Harness(
-            sandbox=sandbox,
+            sandbox=settings.sandbox,
             home=Path(home),
-            catalog_url=catalog_url,
+            catalog_url=settings.catalog_url,
             gc_interval=-1,
             pool_size=0,
             environ={},
-            options=SandboxOptions(runtime=runtime),
+            options=SandboxOptions(runtime=settings.runtime),
         )
         self.backend = self.harness.backend
         self.placements = Placements(self.harness.catalog)
-        self.placements.register(HostRecord(name, self.epoch, node_id, cap))
-        self.metrics_port = metrics.serve(metrics_listen) if metrics_listen else None
+        self.placements.register(HostRecord(name, self.epoch, node_id, settings.cap))
+        listen = settings.metrics_listen
+        self.metrics_port = metrics.serve(listen) if listen else None
         self.swept = self._sweep_lost()
         self._held: dict[str, tuple[Held, float]] = {}
         """What each token holds, and until when (time.monotonic()) unless renewed."""
@@ -105,8 +113,9 @@ class SpillboxHost:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         threading.Thread(target=self._lapse, daemon=True).start()
-        if gc_interval > 0:
-            threading.Thread(target=self._collect, args=(gc_interval,), daemon=True).start()
+        if settings.gc_interval > 0:
+            interval = (settings.gc_interval,)
+            threading.Thread(target=self._collect, args=interval, daemon=True).start()
 
     def _sweep_lost(self) -> list[str]:
         """Remove the containers and files of tasks this host kept in an epoch now lost."""

@@ -1,7 +1,7 @@
 """Starting a node's spillbox host: a detached, named Ray actor pinned to that node.
 
     spillbox host --home /var/lib/spillbox --cap 500        # on the node, after `ray start`
-    start_host("node-b", "/var/lib/spillbox", catalog_url, node_id=...)   # from a driver
+    start_host(HostSettings("node-b", "/var/lib/spillbox", catalog_url), node_id=...)
 
 The actor's name is the host's ("spillbox-host:<name>", namespace "spillbox"); a host
 started again under the same name replaces the old one, and registers a new epoch.
@@ -14,33 +14,21 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from spillbox.config import SandboxKind
 from spillbox.sandbox.ray.backend import NAMESPACE, connect
-from spillbox.sandbox.ray.host import DEFAULT_CAP, DEFAULT_LEASE_SECONDS, SpillboxHost
+from spillbox.sandbox.ray.host import HostSettings, SpillboxHost
 from spillbox.sandbox.ray.link import ACTOR_PREFIX
 
 MAX_CONCURRENCY = 64
 """Calls one host serves at once (threads of its actor): tasks' execs run side by side."""
 
 
-def start_host(
-    name: str,
-    home: str,
-    catalog_url: str,
-    node_id: str | None = None,
-    cap: int = DEFAULT_CAP,
-    sandbox: SandboxKind = "docker",
-    gc_interval: float = 300.0,
-    runtime: str | None = None,
-    lease: float = DEFAULT_LEASE_SECONDS,
-    metrics_listen: str | None = None,
-) -> dict[str, Any]:
+def start_host(settings: HostSettings, node_id: str | None = None) -> dict[str, Any]:
     """Start (or restart) the host on a node (this driver's node by default); its info
-    (metrics_port: where its metrics are served, if metrics_listen asked for them)."""
+    (metrics_port: where its metrics are served, if settings.metrics_listen asked)."""
     if not ray.is_initialized():
         connect("auto")
     node = node_id or ray.get_runtime_context().get_node_id()
-    actor_name = ACTOR_PREFIX + name
+    actor_name = ACTOR_PREFIX + settings.name
     try:
         ray.kill(ray.get_actor(actor_name, namespace=NAMESPACE), no_restart=True)
     except ValueError:
@@ -55,18 +43,7 @@ def start_host(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         )
-        .remote(
-            name,
-            home,
-            catalog_url,
-            node,
-            cap,
-            sandbox,
-            gc_interval,
-            runtime,
-            lease=lease,
-            metrics_listen=metrics_listen,
-        )
+        .remote(settings, node)
     )
     info: dict[str, Any] = ray.get(host.info.remote())
     return info
