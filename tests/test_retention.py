@@ -22,6 +22,7 @@ from spillbox import ConfigError, Harness, Policy, ToolResult
 from spillbox.config import Settings
 from spillbox.errors import RetentionError
 from spillbox.harness import Task
+from spillbox.notice import parse_notice
 from spillbox.redaction import redact
 from spillbox.retention import Retention, parse_duration, parse_size
 from spillbox.types import ArtifactRow
@@ -345,6 +346,22 @@ def test_the_same_bytes_again_take_no_quota(harness: Harness) -> None:
     offload(task, "c1", payload("same"))
     offload(task, "c2", payload("same"))  # identical: points at the stored copy
     assert live_ids(task) == ["c1"]
+
+
+def test_a_repeated_result_names_the_artifact_that_holds_its_bytes(harness: Harness) -> None:
+    # The repeat has no artifact of its own: its notice says which one to read and pin
+    # (its call_id alone left `spillbox pin` with nothing to find).
+    task = harness.task("t1")
+    offload(task, "c1", payload("same"))
+    [again] = task.admit([ToolResult(call_id="c2", tool="t", content=payload("same"))])
+    fields = parse_notice(again.text)
+    assert fields is not None and fields["call_id"] == "c2"
+    held_by = fields["same_as"].split(" ", 1)[0]
+    assert held_by == "c1" and fields["path"].endswith("/c1.json")
+    assert task.pin(held_by).pinned
+    assert task.read(held_by) == payload("same").encode()
+    [first] = task.admit([ToolResult(call_id="c3", tool="t", content=payload("other"))])
+    assert "same_as" not in (parse_notice(first.text) or {})
 
 
 # Pins (legal hold)

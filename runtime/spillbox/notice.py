@@ -113,6 +113,9 @@ class NoticeFacts:
     aggregate_limit: int = 0
     redactions: int | None = None
     """Secrets replaced before storing, when the task's policy redacts (None: it does not)."""
+    same_as: str | None = None
+    """The earlier artifact that holds these very bytes: a repeated result is stored once,
+    and is read, queried and pinned by that artifact's id, not by its own call id."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ def _render(facts: NoticeFacts, layout: _Layout) -> str:
         f"reason: {facts.reason} ({_text(reason, max(ids, MAX_REASON_CHARS))})",
         f"tool: {_text(facts.tool, ids)}",
         f"call_id: {_text(facts.call_id, ids)}",
+        *_same_as(facts.same_as, ids),
         f"path: {_text(facts.path, layout.path_chars)}",
         f"bytes: {facts.size}",
         f"tokens: {facts.tokens.label() if facts.tokens else 'n/a (binary)'}",
@@ -209,6 +213,13 @@ def _render(facts: NoticeFacts, layout: _Layout) -> str:
     lines.extend(f"hint: {hint.line()}" for hint in layout.hints)
     lines.append(CLOSE)
     return "\n".join(lines)
+
+
+def _same_as(artifact_id: str | None, ids: int) -> list[str]:
+    if artifact_id is None:
+        return []
+    said = "the same bytes as an earlier result, stored once: read, query and pin them by this id"
+    return [f"same_as: {_text(artifact_id, ids)} ({said})"]
 
 
 def _counted(facts: ArrayFacts) -> str:

@@ -82,9 +82,9 @@ def offload(
         if same is not None:
             host_path = dest.storage.offload / same.name
             stored = StoredFile(same.name, host_path, same.sha256, same.bytes)
-        else:
-            origin: Origin = "file" if request.reason == "output" else "call"
-            stored = _publish(dest, staged, request, shape, redaction, origin, name)
+            return _stored(dest, request, stored, shape, redaction, 0, same_as=same.artifact_id)
+        origin: Origin = "file" if request.reason == "output" else "call"
+        stored = _publish(dest, staged, request, shape, redaction, origin, name)
     return _stored(dest, request, stored, shape, redaction, stored.bytes)
 
 
@@ -209,9 +209,11 @@ def _stored(
     shape: Shape,
     redaction: Redaction | None,
     added: int,
+    same_as: str | None = None,
 ) -> tuple[Artifact, str, int]:
     """The stored payload as an artifact, its notice and the notice's tokens; `added`: the
-    bytes this offload stored."""
+    bytes this offload stored; same_as: the earlier artifact that holds these very bytes
+    (the result is not stored again, and has no artifact of its own)."""
     result = request.result
     artifact = Artifact(
         id=stored.artifact_id,
@@ -227,7 +229,7 @@ def _stored(
         tokens=request.tokens,
     )
     redactions = redaction.count if redaction else 0
-    notice, notice_tokens = _notice(dest, request, artifact, redactions)
+    notice, notice_tokens = _notice(dest, request, artifact, redactions, same_as)
     kept_out = request.tokens.tokens - notice_tokens if request.tokens else 0
     metrics.offloaded(request.reason, added, kept_out)
     return artifact, notice, notice_tokens
@@ -315,7 +317,11 @@ def _file_name(request: Offload, shape: Shape) -> tuple[str, str]:
 
 
 def _notice(
-    dest: Destination, request: Offload, artifact: Artifact, redactions: int
+    dest: Destination,
+    request: Offload,
+    artifact: Artifact,
+    redactions: int,
+    same_as: str | None,
 ) -> tuple[str, int]:
     policy, data, text = dest.policy, request.data, request.text or ""
     span = 2 * policy.preview_chars
@@ -323,6 +329,7 @@ def _notice(
         reason=request.reason,
         tool=artifact.tool,
         call_id=artifact.call_id,
+        same_as=same_as,
         path=artifact.path,
         size=artifact.bytes,
         tokens=request.tokens,
