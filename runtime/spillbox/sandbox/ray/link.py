@@ -130,7 +130,8 @@ class HostLink:
             raise HostLostError(lost_message(self.task_id, self.host)) from None
 
     def send(self, method: str, *args: Any) -> None:
-        """Ask without waiting (what needs no answer: letting go); a caller's calls reach
-        an actor in order, so a later call finds it done."""
+        """Ask without waiting, for what no later call depends on (letting go of a hold,
+        warming a sandbox): the host serves calls in threads (MAX_CONCURRENCY), so a later
+        call may run before this one. What must be done first is a call (end(wait=True))."""
         if self.actor is not None:
             getattr(self.actor, method).remote(*args)
