@@ -114,8 +114,9 @@ class NoticeFacts:
     redactions: int | None = None
     """Secrets replaced before storing, when the task's policy redacts (None: it does not)."""
     same_as: str | None = None
-    """The earlier artifact that holds these very bytes: a repeated result is stored once,
-    and is read, queried and pinned by that artifact's id, not by its own call id."""
+    """The earlier artifact that holds these very bytes, when it is another call's: a
+    repeated result is stored once, and is read, queried and pinned by that artifact's id,
+    not by its own call id."""
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,10 @@ def offload(
         if same is not None:
             host_path = dest.storage.offload / same.name
             stored = StoredFile(same.name, host_path, same.sha256, same.bytes)
-            return _stored(dest, request, stored, shape, redaction, 0, same_as=same.artifact_id)
+            # The same call again (a step replayed) gets the same notice as before; a repeat
+            # under another call id is told which artifact holds its bytes.
+            same_as = None if same.call_id == request.result.call_id else same.artifact_id
+            return _stored(dest, request, stored, shape, redaction, 0, same_as=same_as)
         origin: Origin = "file" if request.reason == "output" else "call"
         stored = _publish(dest, staged, request, shape, redaction, origin, name)
     return _stored(dest, request, stored, shape, redaction, stored.bytes)
