@@ -123,10 +123,16 @@ CREDENTIALS = struct.Struct("3i")
 
 def send_vouched(sock: socket.socket, data: bytes) -> None:
     """Send data with this process's credentials, which the kernel checks (a process can
-    claim no pid or uid but its own)."""
+    claim no pid or uid but its own).
+
+    Nothing more is sent once sendmsg took it all: sendall sends even an empty rest, and
+    that fails (EPIPE) if the other end has closed since, as the fork server does the
+    moment it has answered a script that cannot start.
+    """
     mine = CREDENTIALS.pack(os.getpid(), os.getuid(), os.getgid())
     sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, mine)])
-    sock.sendall(data[sent:])
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
 def receive_vouched(sock: socket.socket) -> tuple[bytes, int, int]:
