@@ -44,8 +44,8 @@ demo: image
 	$(BIN)/spillbox demo
 
 lint: install
-	$(BIN)/ruff check runtime tests benchmarks examples
-	$(BIN)/ruff format --check runtime tests benchmarks examples
+	$(BIN)/ruff check runtime sandbox_images tests benchmarks examples
+	$(BIN)/ruff format --check runtime sandbox_images tests benchmarks examples
 	$(BIN)/mypy
 
 test: lint image postgres

@@ -34,12 +34,12 @@ runner ended (exit 137), and the next call starts a new server. What it cannot d
 the server's place: a relay speaks only to a server of the script uid that Docker entered
 (its parent is 0, which no process in the sandbox can make), told by the credentials the
 kernel vouches for on the server's first message (SCM_CREDENTIALS: gVisor's SO_PEERCRED
-names the asking end), before it sends a script; otherwise it has the host start one, which first kills every other process
-of the uid. Nor can it reach into the server: the server (and every python child it forks,
-until it execs) is not dumpable, so no process of its uid can trace it or open its memory
-or descriptors in /proc. The server answers only relays (the engine uid), and waits for a
-deletion in progress (forget.py) before it serves. No script can reach the relays (another
-uid) or the host.
+names the asking end), before it sends a script; otherwise it has the host start one,
+which first kills every other process of the uid. Nor can it reach into the server: the
+server (and every python child it forks, until it execs) is not dumpable, so no process of
+its uid can trace it or open its memory or descriptors in /proc. The server answers only
+relays (the engine uid), and waits for a deletion in progress (forget.py) before it serves.
+No script can reach the relays (another uid) or the host.
 """
 
 from __future__ import annotations

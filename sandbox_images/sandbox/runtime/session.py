@@ -467,9 +467,7 @@ def serve() -> None:
                 continue  # the relay went away before its cell began
             Cell.interrupted = False
             Cell.number += 1
-            watcher = threading.Thread(
-                target=_watch, args=(client, con, Cell.number), daemon=True
-            )
+            watcher = threading.Thread(target=_watch, args=(client, con, Cell.number), daemon=True)
             watcher.start()
             ours = set(sys._current_frames())
             left = 0

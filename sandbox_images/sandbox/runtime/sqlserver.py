@@ -10,8 +10,9 @@ One file, two roles:
 
     python3 sqlserver.py          the relay: what a host process execs. It forwards request
                                   lines from stdin to the engine over a Unix socket and each
-                                  answer back to stdout as an END frame (wire.py), and starts the engine (under a lock,
-                                  so only once) when none answers. It does not import duckdb.
+                                  answer back to stdout as an END frame (wire.py), and
+                                  starts the engine (under a lock, so only once) when none
+                                  answers. It does not import duckdb.
     python3 sqlserver.py serve    the engine: one thread and one DuckDB connection per relay,
                                   so one process's long query does not hold up another's.
 
