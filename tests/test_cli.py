@@ -209,6 +209,23 @@ def test_the_installed_command_prints_the_version_the_package_is_built_with() ->
     assert done.stdout == f"spillbox {version}\n"
 
 
+def test_version_and_help_load_neither_the_records_nor_the_catalog_nor_docker() -> None:
+    """What `spillbox --version` and `--help` load in a fresh process: none of the modules
+    that only the commands need (the records, with dataclasses; SQLAlchemy; Docker;
+    tiktoken). Their start-up is measured in benchmarks/startup_bench.py."""
+    heavy = ("dataclasses", "spillbox.types", "sqlalchemy", "docker", "tiktoken", "duckdb")
+    for argv in (["--version"], ["--help"]):
+        probe = (
+            "import sys\nfrom spillbox.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(name for name in {heavy!r} if name in sys.modules))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert done.stdout.splitlines()[-1] == "[]", (argv, done.stdout)
+
+
 def first_try(help_text: str) -> list[list[str]]:
     """The commands the help shows to try, each as its words."""
     return [shlex.split(line) for line in help_text.splitlines() if line.startswith("  spillbox ")]

@@ -36,10 +36,11 @@ from spillbox.adapters import (
     tool_content,
 )
 from spillbox.budget import IMAGE_TOKENS, Budget
+from spillbox.langs import LANGS
 from spillbox.loop import ScriptedModel, ToolCall, Turn, run, to_anthropic, to_responses
 from spillbox.mcp.proxy import connection
 from spillbox.tools import Toolset
-from spillbox.types import LANGS, ExecResult, Image
+from spillbox.types import ExecResult, Image
 from test_loop import FakeServer, anthropic_reply, openai_reply, responses_reply
 from test_loop import server as server  # noqa: F401 - the fixture, for the endpoint tests
 from test_tools import assert_sdk_shape

@@ -27,9 +27,10 @@ from api_shapes import github_search, slack_history
 from conftest import joined_text, read_all_pages
 from spillbox import Admitted, Harness, Policy, ToolResult, parse_notice
 from spillbox.codemode import DEFAULT_TIMEOUT
+from spillbox.langs import LANGS
 from spillbox.paging import CURSOR_TTL_SECONDS, SECRET_FILE
 from spillbox.tools import SPECS, Toolset, ToolSpec
-from spillbox.types import LANGS, ExecResult
+from spillbox.types import ExecResult
 
 # Small enough that modest payloads offload and paging takes a few pages; large enough
 # that a page's JSON envelope (paths, cursor) leaves room for content.

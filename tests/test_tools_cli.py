@@ -12,7 +12,7 @@ import pytest
 
 from spillbox import Harness, ToolResult
 from spillbox.cli import main
-from spillbox.types import LANGS
+from spillbox.langs import LANGS
 from test_tools import check_definitions
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         StorageError,
     )
     from spillbox.harness import Harness, Task
+    from spillbox.langs import Lang
     from spillbox.loop import LoopResult, ScriptedModel, ToolCall, Turn, UserTool
     from spillbox.loop import run as run_loop
     from spillbox.native import Capability, Native, plan_native
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from spillbox.retention import Retention
     from spillbox.tokens import TiktokenCounter, TokenCounter, counter_for_model
     from spillbox.tools import ToolOutput, Toolset, ToolSpec
-    from spillbox.types import Admitted, Artifact, ExecResult, Lang, Reason, TokenCount, ToolResult
+    from spillbox.types import Admitted, Artifact, ExecResult, Reason, TokenCount, ToolResult
 
 _EXPORTS: dict[str, tuple[str, str]] = {
     "add_tools": ("spillbox.adapters", "add_tools"),
@@ -84,7 +85,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Admitted": ("spillbox.types", "Admitted"),
     "Artifact": ("spillbox.types", "Artifact"),
     "ExecResult": ("spillbox.types", "ExecResult"),
-    "Lang": ("spillbox.types", "Lang"),
+    "Lang": ("spillbox.langs", "Lang"),
     "Reason": ("spillbox.types", "Reason"),
     "TokenCount": ("spillbox.types", "TokenCount"),
     "ToolResult": ("spillbox.types", "ToolResult"),

@@ -9,13 +9,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spillbox.errors import ConfigError, SpillboxError
-from spillbox.types import LANGS, Admitted, ArtifactRow, ToolResult
+from spillbox.langs import LANGS
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -23,11 +22,13 @@ if TYPE_CHECKING:
     from spillbox.config import SandboxKind
     from spillbox.harness import Harness, Task
     from spillbox.sandbox.image import BuildEvent
+    from spillbox.types import Admitted, ArtifactRow
 
     _Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
-# The settings (tiktoken), the harness (the catalog, Docker), the tools and retention are
-# imported by the commands that use them: `spillbox --version` and `--help` pay for none.
+# The settings (tiktoken), the harness (the catalog, Docker), the tools, retention and the
+# records of spillbox.types (dataclasses, which imports inspect) are imported by the
+# commands that use them: `spillbox --version` and `--help` pay for none.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -429,6 +430,8 @@ def _iso(seconds: float | None) -> str | None:
 
 
 def _offload(args: argparse.Namespace) -> int:
+    from spillbox.types import ToolResult
+
     results = []
     for name in args.files:
         path = Path(name)
@@ -579,6 +582,8 @@ def _pin(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from spillbox.config import Settings
 
     settings = Settings.from_env()

@@ -22,13 +22,13 @@ import json
 from collections.abc import Callable, Sequence
 
 from spillbox.errors import ExecError, SpillboxError
+from spillbox.langs import LANGS
 from spillbox.notice import MAX_HINT_CHARS, Hint
 from spillbox.profile import path_text
 from spillbox.protocols import TaskHandle
 from spillbox.redaction import redact
 from spillbox.types import (
     IMAGE_TYPES,
-    LANGS,
     Artifact,
     ExecRequest,
     ExecResult,

@@ -26,6 +26,7 @@ from spillbox.admission import Admission, not_text
 from spillbox.catalog import Catalog
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
+from spillbox.langs import Lang
 from spillbox.retention import Retention, close_deadline, policy_for
 from spillbox.sandbox import SandboxBackend, make_backend
 from spillbox.sandbox.storage import CLOCK_SLACK_SECONDS, Hold, TaskStorage
@@ -35,7 +36,6 @@ from spillbox.types import (
     Artifact,
     ArtifactRow,
     ExecResult,
-    Lang,
     Reason,
     ToolResult,
 )

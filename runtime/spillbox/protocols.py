@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Protocol
 
 from spillbox.config import Policy
+from spillbox.langs import Lang
 from spillbox.retention import Retention
 from spillbox.tokens import TokenCounter
-from spillbox.types import Admitted, Artifact, ArtifactRow, ExecResult, Lang, Reason, ToolResult
+from spillbox.types import Admitted, Artifact, ArtifactRow, ExecResult, Reason, ToolResult
 
 
 class TaskHandle(Protocol):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from spillbox.codemode import DEFAULT_TIMEOUT
 from spillbox.errors import SpillboxError
+from spillbox.langs import LANGS
 from spillbox.notice import Hint
 from spillbox.paging import (
     CURSOR_TTL_SECONDS,
@@ -31,7 +32,7 @@ from spillbox.paging import (
 )
 from spillbox.profile import parse_path, path_text
 from spillbox.search import DEFAULT_TOP_K, MAX_TOP_K, search
-from spillbox.types import LANGS, Image
+from spillbox.types import Image
 
 if TYPE_CHECKING:
     from spillbox.protocols import TaskHandle

@@ -13,15 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 Reason = Literal["per_call", "aggregate", "binary", "compaction", "withheld", "output", "refused"]
 """Why a result's place in context is not the result itself (see spillbox.gate; "refused":
 Task.admit's one-line error for a result over its size cap or with an id that is not text)."""
-
-Lang = Literal["sql", "jq", "python", "sh"]
-"""The code-mode languages."""
-LANGS: tuple[str, ...] = get_args(Lang)
 
 Origin = Literal["call", "file", "append"]
 """Where an artifact came from: a tool call's result, a file a script left, or appends

@@ -23,6 +23,7 @@ import spillbox.sandbox.docker.containers as containers
 import spillbox.sandbox.docker.pool as pool
 from spillbox.config import DEFAULT_POOL_SIZE
 from spillbox.errors import ExecError
+from spillbox.langs import LANGS
 from spillbox.sandbox.base import SandboxBackend
 from spillbox.sandbox.docker.containers import LABEL_SLOT, LABEL_TASK, SandboxOptions
 from spillbox.sandbox.docker.forgetting import forget_in
@@ -32,7 +33,7 @@ from spillbox.sandbox.docker.pool import WarmPool
 from spillbox.sandbox.docker.sandbox import TaskSandbox
 from spillbox.sandbox.docker_errors import docker_errors, translated
 from spillbox.sandbox.storage import StoredFile, TaskStorage
-from spillbox.types import LANGS, ExecRequest, RawExec
+from spillbox.types import ExecRequest, RawExec
 
 MAX_CODE_BYTES = 256 * 1024
 STOP_SECONDS = 2

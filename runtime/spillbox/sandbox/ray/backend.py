@@ -19,12 +19,13 @@ import ray
 from spillbox.catalog import Catalog
 from spillbox.catalog.placements import PLACED, Placement, Placements
 from spillbox.errors import ConfigError, HostLostError, SandboxError
+from spillbox.langs import LANGS
 from spillbox.sandbox.base import SandboxBackend
 from spillbox.sandbox.docker.layout import OFFLOAD_MOUNT
 from spillbox.sandbox.ray.link import ACTOR_PREFIX, HostLink, Leases, lost_message
 from spillbox.sandbox.ray.storage import HostStorage
 from spillbox.sandbox.storage import StoredFile, TaskStorage
-from spillbox.types import LANGS, ExecRequest, RawExec
+from spillbox.types import ExecRequest, RawExec
 
 NAMESPACE = "spillbox"
 _T = TypeVar("_T")
