@@ -24,6 +24,7 @@ from spillbox import codemode, gc, metrics
 from spillbox.access import Access, TaskParts
 from spillbox.admission import Admission, not_text
 from spillbox.catalog import Catalog
+from spillbox.catalog.calls import next_call_id
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
 from spillbox.langs import Lang
@@ -304,7 +305,7 @@ class Task(_ClosedOnExit):
         catalog can hold is counted escaped: admit() refuses its result by the name."""
         if not_text(tool) is not None:
             tool = tool.encode("unicode_escape").decode("ascii")
-        return self.harness.catalog.next_call_id(self.id, tool)
+        return next_call_id(self.harness.catalog, self.id, tool)
 
     def admit(self, results: Sequence[ToolResult], remaining: int | None = None) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate).

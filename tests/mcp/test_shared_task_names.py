@@ -1,5 +1,5 @@
 """Two proxies on one task never give two results the same name (issue 22 item 6): the
-catalog numbers each task's calls (Catalog.next_call_id), in one write transaction, so
+catalog numbers each task's calls (catalog.calls.next_call_id), in one write transaction, so
 processes that call at once get git_log_1, git_log_2, ... once each, and a call id a
 notice shows finds that call's result (`spillbox pin`), not the other proxy's."""
 
@@ -23,9 +23,10 @@ NUMBERER = """
 import json, sys
 from pathlib import Path
 from spillbox.catalog import Catalog
+from spillbox.catalog.calls import next_call_id
 
 catalog = Catalog(Path(sys.argv[1]), url=sys.argv[2] or None)
-print(json.dumps([catalog.next_call_id("shared", "git_log") for _ in range(int(sys.argv[3]))]))
+print(json.dumps([next_call_id(catalog, "shared", "git_log") for _ in range(int(sys.argv[3]))]))
 catalog.close()
 """
 

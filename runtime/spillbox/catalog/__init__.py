@@ -36,7 +36,6 @@ from spillbox.catalog.schema import (
     TASK_COLUMNS,
     access_log,
     artifacts,
-    call_numbers,
     tasks,
 )
 from spillbox.catalog.schema import placements as placement_rows
@@ -159,11 +158,6 @@ _ID_TAKEN = (
     .where(artifacts.c.task_id == bindparam("task_id"), artifacts.c.artifact_id == _REF)
     .limit(1)
 )
-_CALL_ID_USED = (
-    select(artifacts.c.artifact_id)
-    .where(artifacts.c.task_id == bindparam("task_id"), _AS_CALL)
-    .limit(1)
-)
 
 
 def _on_host(task_id: Any) -> Any:
@@ -268,7 +262,6 @@ class Catalog:
         dialect = self.engine.dialect.name
         self._upsert_task = _upsert(dialect, tasks, ("task_id",))
         self._insert_artifact = _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
-        self._number_call = _numbered(dialect)
         try:
             with self._db.errors("migrating the schema"):
                 self.migrated = migrate.upgrade(self.engine, self.where)
@@ -370,19 +363,6 @@ class Catalog:
         """Whether the task has (or had: tombstones count) an artifact of this id."""
         args = {"task_id": task_id, "ref": artifact_id}
         return bool(self._db.rows("checking an artifact id", _ID_TAKEN, args))
-
-    def next_call_id(self, task_id: str, tool: str) -> str:
-        """A call id for the task's next call of tool, <tool>_<n>, that no process on this
-        catalog has given out or will give again (the counter's row is taken in the
-        write transaction). A number whose id an artifact already has as its call id (a
-        proxy from before the counter, a harness whose model chose it) is passed over."""
-        args = {"task_id": task_id, "tool": tool, "last": 1}
-        with self._db.transaction("numbering a call") as tx:
-            while True:
-                [row] = tx.rows(self._number_call, args)
-                call_id = f"{tool}_{row['last']}"
-                if not tx.rows(_CALL_ID_USED, {"task_id": task_id, "ref": call_id}):
-                    return call_id
 
     def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
         statement = _LIST_ALL if include_deleted else _LIST_LIVE
@@ -530,16 +510,6 @@ def _insert_new(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
     statement = _insert(dialect, table)
     insert_new: Insert = statement.on_conflict_do_nothing(index_elements=list(keys))
     return insert_new
-
-
-def _numbered(dialect: str) -> Insert:
-    """INSERT a task's first number for a tool, or add one to the last: the number either
-    way (RETURNING, on SQLite as on Postgres)."""
-    statement = _insert(dialect, call_numbers)
-    numbered: Insert = statement.on_conflict_do_update(
-        index_elements=["task_id", "tool"], set_={"last": call_numbers.c.last + 1}
-    ).returning(call_numbers.c.last)
-    return numbered
 
 
 def _log(
