@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 import regex
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spillbox import Admitted, Harness, Policy, SpillboxError, ToolResult, parse_notice
+from spillbox.admission import not_text
 from spillbox.tokens import TokenCounter, default_counter
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00\x00"
@@ -290,6 +291,8 @@ def test_any_step_through_the_harness_keeps_the_invariants(
     ),
     data=st.binary(min_size=1, max_size=500),
 )
+@example(call_id="\x00", data=b"\x80")  # refused: a NUL in the id (hypothesis found it once)
+@example(call_id="\ud800", data=b"x" * 40)
 def test_any_call_id_and_any_bytes_are_stored_inside_the_task(call_id: str, data: bytes) -> None:
     policy = Policy(per_call_tokens=1)
     with (
@@ -298,7 +301,13 @@ def test_any_call_id_and_any_bytes_are_stored_inside_the_task(call_id: str, data
         harness.task("t") as task,
     ):
         (item,) = task.admit([ToolResult(call_id, "tool", data)])
-        if item.offloaded:
+        if not_text(call_id) is not None:  # no catalog holds it: one line, nothing stored
+            assert (item.reason, item.artifact) == ("refused", None)
+            assert item.text.startswith(
+                "[spillbox] result refused, nothing was stored: its call id"
+            )
+            assert "\n" not in item.text and task.artifacts() == []
+        elif item.offloaded:
             assert item.artifact is not None
             assert item.artifact.host_path.read_bytes() == data
             offload = task.storage.offload.resolve()
