@@ -166,15 +166,20 @@ class Harness(_ClosedOnExit):
     def remove(self, task_id: str, by: str = "manual") -> int:
         """Delete a task: its sandbox, its storage and its unpinned artifacts.
 
-        Pinned artifacts (legal hold) stay with their storage; returns how many did.
+        Pinned artifacts (legal hold) stay with their storage; returns how many did. With
+        none pinned, what scripts and the session made of the payloads goes with the
+        sandbox and the storage, removed whole: nothing is forgotten in them first.
         """
         storage = self.backend.storage(task_id)
-        held = 0
-        for row in self.catalog.artifacts(task_id):
+        rows = self.catalog.artifacts(task_id)
+        held = sum(row.pinned for row in rows)
+        for row in rows:
             if row.pinned:
-                held += 1
-            else:
+                continue
+            if held:  # the storage stays: what came of the payload is forgotten in it
                 self.delete_artifact(row, by)
+            else:
+                self._drop(row, by)
         if held:
             self.backend.destroy_sandbox(storage)
             self.catalog.close_task(task_id, delete_after=None)
@@ -185,18 +190,25 @@ class Harness(_ClosedOnExit):
         return held
 
     def delete_artifact(self, row: ArtifactRow, by: str) -> None:
-        """Delete an artifact everywhere: payload, derived copies, then a tombstone row."""
+        """Delete an artifact everywhere: a tombstone row, the payload, then what the task's
+        sandbox made of it."""
+        if self._drop(row, by):
+            storage = self.backend.storage(row.task_id)
+            since = row.created_at - CLOCK_SLACK_SECONDS
+            self.backend.forget_derived(storage, row.sha256, row.bytes, since)
+
+    def _drop(self, row: ArtifactRow, by: str) -> bool:
+        """Tombstone an artifact and remove its payload; False if someone else deleted it
+        (or pinned it) in the meantime."""
         if row.pinned:
             raise RetentionError(
                 f"artifact {row.artifact_id} of task {row.task_id} is pinned (legal hold): "
                 f"unpin it first (spillbox unpin {row.task_id} {row.artifact_id})"
             )
         if not self.catalog.tombstone(row.task_id, row.artifact_id, by):
-            return  # already deleted by someone else, or pinned in the meantime
-        storage = self.backend.storage(row.task_id)
-        storage.remove(row.name)
-        since = row.created_at - CLOCK_SLACK_SECONDS
-        self.backend.forget_derived(storage, row.sha256, row.bytes, since)
+            return False
+        self.backend.storage(row.task_id).remove(row.name)
+        return True
 
     def gc(self, dry_run: bool = False) -> list[gc.Removal]:
         """Remove what retention says must go, and anything orphaned; idempotent."""
