@@ -43,9 +43,9 @@ from spillbox.integrations.fake_messages import FakeMessagesAPI, Turn, text, too
 from spillbox.retention import Retention
 from spillbox.sandbox.docker import SandboxOptions, cleanup_home
 
-pytestmark = pytest.mark.docker
+pytest_plugins = ["framework_fixtures"]  # the runtime and docker_harness fixtures
 
-GVISOR = "runsc"
+pytestmark = pytest.mark.docker
 
 
 def received(body: dict[str, Any]) -> dict[str, Any]:
@@ -170,16 +170,8 @@ def _tmp(factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-@pytest.fixture(scope="module", params=[None, GVISOR], ids=["runc", "gvisor"])
-def run(
-    request: pytest.FixtureRequest,
-    docker_client: Any,
-    sandbox_image: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Run]:
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
+@pytest.fixture(scope="module")
+def run(runtime: str | None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     check_sizes()
     tmp = _tmp(tmp_path_factory)
     secret_file = tmp / "config.json"

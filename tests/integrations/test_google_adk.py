@@ -42,11 +42,11 @@ from pydantic import Field
 
 from spillbox import Harness, Retention
 from spillbox.integrations.google_adk import SpillboxPlugin, session_task_id
-from spillbox.sandbox.docker import SandboxOptions
+
+pytest_plugins = ["framework_fixtures"]  # the runtime and docker_harness fixtures
 
 pytestmark = pytest.mark.anyio
 
-GVISOR = "runsc"
 TOY_SERVER = Path(__file__).parent.parent / "mcp" / "toy_server.py"
 
 Script = Callable[[dict[str, list[dict[str, Any]]]], LlmResponse]
@@ -122,23 +122,6 @@ async def run(runner: InMemoryRunner, session_id: str = "s1", user_id: str = "u1
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"  # ADK runs on asyncio
-
-
-@pytest.fixture(scope="module", params=[None, GVISOR], ids=["runc", "gvisor"])
-def docker_harness(
-    request: pytest.FixtureRequest, docker_client: Any, sandbox_image: str, tmp_path_factory: Any
-) -> Iterator[Harness]:
-    from spillbox.sandbox.docker import cleanup_home
-
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
-    home = tmp_path_factory.mktemp("adk-home")
-    with Harness(
-        sandbox="docker", home=home, options=SandboxOptions(runtime=runtime), gc_interval=-1
-    ) as harness:
-        yield harness
-    cleanup_home(home)
 
 
 @pytest.fixture

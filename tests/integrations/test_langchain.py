@@ -37,11 +37,11 @@ from langgraph.types import Command
 from spillbox import Harness
 from spillbox.integrations.langchain import TASK_ID_KEY, SpillboxMiddleware
 from spillbox.retention import Retention
-from spillbox.sandbox.docker import SandboxOptions
+
+pytest_plugins = ["framework_fixtures"]  # the runtime and docker_harness fixtures
 
 pytestmark = pytest.mark.docker
 
-GVISOR = "runsc"
 DOT = (
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
     "AAAABJRU5ErkJggg=="
@@ -110,23 +110,6 @@ def user_tools(is_async: bool) -> list[BaseTool]:
     return [tool(name, text) for name, text in TOOLS.items()]
 
 
-@pytest.fixture(scope="module", params=[None, GVISOR], ids=["runc", "gvisor"])
-def harness(
-    request: pytest.FixtureRequest, docker_client: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Harness]:
-    from spillbox.sandbox.docker import cleanup_home
-
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
-    request.getfixturevalue("sandbox_image")
-    home = tmp_path_factory.mktemp("langchain-home")
-    options = SandboxOptions(runtime=runtime)
-    with Harness(sandbox="docker", home=home, options=options, gc_interval=-1) as harness:
-        yield harness
-    cleanup_home(home)
-
-
 def agent_graph(spillbox: SpillboxMiddleware, model: ScriptedChat, is_async: bool) -> Any:
     return create_agent(model, user_tools(is_async), middleware=[spillbox])
 
@@ -156,9 +139,9 @@ def bare_graph(spillbox: SpillboxMiddleware, model: ScriptedChat, is_async: bool
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("build", [agent_graph, bare_graph], ids=["create_agent", "stategraph"])
-def test_the_scenario(harness: Harness, build: Callable[..., Any], is_async: bool) -> None:
+def test_the_scenario(docker_harness: Harness, build: Callable[..., Any], is_async: bool) -> None:
     check_sizes()
-    spillbox = SpillboxMiddleware(harness, retention=Retention(redact=True))
+    spillbox = SpillboxMiddleware(docker_harness, retention=Retention(redact=True))
     model = ScriptedChat(messages=iter(()), script=script)
     graph = build(spillbox, model, is_async)
     thread = f"{build.__name__}-{'async' if is_async else 'sync'}"
@@ -171,12 +154,12 @@ def test_the_scenario(harness: Harness, build: Callable[..., Any], is_async: boo
     if build is bare_graph:
         spillbox.end(config)
     try:
-        check_what_the_model_saw(model, harness, thread)
+        check_what_the_model_saw(model, docker_harness, thread)
         assert final["messages"][-1].content == str(OPEN_TOTAL)
-        row = harness.catalog.task(thread)
+        row = docker_harness.catalog.task(thread)
         assert row is not None and row.closed_at is not None  # the run's end closed it
     finally:
-        harness.remove(thread)
+        docker_harness.remove(thread)
 
 
 def check_what_the_model_saw(model: ScriptedChat, harness: Harness, task_id: str) -> None:
@@ -269,8 +252,8 @@ def test_a_command_answering_the_call_is_gated_through_its_tool_message(local: H
         spillbox.close()
 
 
-def test_a_scripts_chart_comes_back_as_an_image_block(harness: Harness) -> None:
-    spillbox = SpillboxMiddleware(harness)
+def test_a_scripts_chart_comes_back_as_an_image_block(docker_harness: Harness) -> None:
+    spillbox = SpillboxMiddleware(docker_harness)
     [exec_tool] = [t for t in spillbox.tools if t.name == "sandbox_exec"]
     code = (
         f"import base64\nopen('/sandbox/outputs/dot.png', 'wb').write(base64.b64decode({DOT!r}))"
@@ -290,7 +273,7 @@ def test_a_scripts_chart_comes_back_as_an_image_block(harness: Harness) -> None:
         assert request.tool is exec_tool
     finally:
         spillbox.close()
-        harness.remove("chart")
+        docker_harness.remove("chart")
 
 
 def test_the_example_runs_offline(sandbox_image: str, capsys: pytest.CaptureFixture[str]) -> None:

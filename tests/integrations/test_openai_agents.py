@@ -54,6 +54,8 @@ from spillbox.integrations.openai_agents import (
     run,
 )
 
+pytest_plugins = ["framework_fixtures"]  # the runtime and docker_harness fixtures
+
 Turn = Callable[[dict[str, Any]], list[Any]]
 """What the model does next, from the outputs it received (call id -> output)."""
 
@@ -206,26 +208,6 @@ def scenario(outputs: dict[str, Any]) -> list[Any]:
             reset_session=None,
         )
     ]
-
-
-@pytest.fixture(scope="module", params=[None, "runsc"], ids=["runc", "gvisor"])
-def docker_harness(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Harness]:
-    """One harness (and home) for the module's Docker tests, per runtime."""
-    from spillbox.sandbox.docker import SandboxOptions, cleanup_home
-
-    sandbox_image = request.getfixturevalue("sandbox_image")
-    assert sandbox_image
-    runtime = request.param
-    client = request.getfixturevalue("docker_client")
-    if runtime is not None and runtime not in client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
-    home = tmp_path_factory.mktemp("agents-home")
-    options = SandboxOptions(runtime=runtime)
-    with Harness(sandbox="docker", home=home, options=options, gc_interval=-1) as harness:
-        yield harness
-    cleanup_home(home)
 
 
 @pytest.mark.docker

@@ -30,9 +30,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from spillbox import Harness
 from spillbox.integrations.pydantic_ai import Spillbox
 from spillbox.retention import Retention
-from spillbox.sandbox.docker import SandboxOptions
 
-GVISOR = "runsc"
+pytest_plugins = ["framework_fixtures"]  # the runtime and docker_harness fixtures
 
 
 def returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
@@ -84,25 +83,6 @@ def scenario_agent(capability: Spillbox, seen: dict[str, Any]) -> Agent[None, st
         agent.tool_plain(name=name)(lambda name=name: scenario.TOOLS[name])
     agent.tool_plain(name="ping")(lambda: small)
     return agent
-
-
-@pytest.fixture(scope="module", params=[None, GVISOR], ids=["runc", "gvisor"])
-def docker_harness(
-    request: pytest.FixtureRequest,
-    docker_client: Any,
-    sandbox_image: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Harness]:
-    from spillbox.sandbox.docker import cleanup_home
-
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
-    home = tmp_path_factory.mktemp("pydantic-ai")
-    options = SandboxOptions(runtime=runtime)
-    with Harness(sandbox="docker", home=home, options=options, gc_interval=-1) as harness:
-        yield harness
-    cleanup_home(home)
 
 
 @pytest.mark.docker
