@@ -17,10 +17,11 @@ class AnsweredAtOnce(socket.socket):
     that can happen between the relay's sendmsg and whatever it does next."""
 
     peer: socket.socket
+    received = b""
 
     def sendmsg(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
         sent = super().sendmsg(*args, **kwargs)
-        self.peer.recv(1 << 16)
+        self.received = self.peer.recv(1 << 16)
         self.peer.close()
         return sent
 
@@ -34,5 +35,7 @@ def test_a_request_sent_whole_does_not_fail_when_its_answerer_has_closed(
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     relay = AnsweredAtOnce(socket.AF_UNIX, socket.SOCK_STREAM, fileno=ours.detach())
     relay.peer = theirs
+    request = b'{"lang": "sh", "code": "echo a\\u0000b"}\n'
     with relay:
-        forkserver.send_vouched(relay, b'{"lang": "sh", "code": "echo a\\u0000b"}\n')
+        forkserver.send_vouched(relay, request)
+    assert relay.received == request  # whole, in the one sendmsg that carries the credentials
