@@ -62,6 +62,16 @@ TOOLS = [
         input_schema={"type": "object", "properties": {"result": {"type": "object"}}},
     ),
     types.Tool(
+        name="ask",
+        description="Asks its client for a sampling answer to `prompt`, then for its roots, "
+        "and answers both and `size` bytes after them: in 2026-07-28 in two input_required "
+        "rounds, in 2025-11-25 as requests to the client.",
+        input_schema={
+            "type": "object",
+            "properties": {"prompt": {"type": "string"}, "size": {"type": "integer"}},
+        },
+    ),
+    types.Tool(
         name="sleep",
         description="Answers `text` after `seconds`.",
         input_schema={
@@ -80,6 +90,47 @@ def blob(size: int) -> str:
     line = "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz012345678\n"
     whole, rest = divmod(size, len(line))
     return line * whole + line[:rest]
+
+
+def question(prompt: str) -> types.SamplingMessage:
+    return types.SamplingMessage(role="user", content=types.TextContent(text=prompt))
+
+
+def asked(sampled: types.CreateMessageResult, roots: types.ListRootsResult, size: int) -> str:
+    assert isinstance(sampled.content, types.TextContent)
+    uris = ", ".join(str(root.uri) for root in roots.roots)
+    return f"sampled: {sampled.content.text}; roots: {uris}\n{blob(size)}"
+
+
+async def ask(
+    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+) -> types.CallToolResult | types.InputRequiredResult:
+    """The tool `ask`, in the era of its client: its state carries the sampled answer from
+    the first round to the second."""
+    args = params.arguments or {}
+    size = int(args.get("size", 0))
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        sampled = await ctx.session.create_message([question(str(args["prompt"]))], max_tokens=10)
+        assert isinstance(sampled, types.CreateMessageResult)
+        text = asked(sampled, await ctx.session.list_roots(), size)
+        return types.CallToolResult(content=[types.TextContent(text=text)])
+    answers = params.input_responses or {}
+    if params.request_state is None:
+        sampling = types.CreateMessageRequestParams(
+            messages=[question(str(args["prompt"]))], max_tokens=10
+        )
+        request = types.CreateMessageRequest(params=sampling)
+        return types.InputRequiredResult(input_requests={"sample": request}, request_state="1")
+    if params.request_state == "1":
+        sampled = types.CreateMessageResult.model_validate(
+            answers["sample"].model_dump(by_alias=True)
+        )
+        request_state = sampled.model_dump_json(by_alias=True, exclude_none=True)
+        roots = {"roots": types.ListRootsRequest()}
+        return types.InputRequiredResult(input_requests=roots, request_state=request_state)
+    sampled = types.CreateMessageResult.model_validate_json(params.request_state)
+    roots = types.ListRootsResult.model_validate(answers["roots"].model_dump(by_alias=True))
+    return types.CallToolResult(content=[types.TextContent(text=asked(sampled, roots, size))])
 
 
 def main() -> None:
@@ -137,6 +188,8 @@ def main() -> None:
             # 2026-07-28 requires of every result.
             modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
             return {"resultType": "complete", **args["result"]} if modern else args["result"]
+        if params.name == "ask":
+            return await ask(ctx, params)
         if params.name == "sleep":
             await anyio.sleep(float(args.get("seconds", 0)))
             text = str(args.get("text", "done"))

@@ -134,18 +134,16 @@ class Handshake:
 def modern_offer(
     params: Mapping[str, Any] | None,
 ) -> tuple[types.ClientCapabilities, types.Implementation | None]:
-    """What a 2026-07-28 request's _meta declares, for the upstream: its capabilities but
-    sampling, elicitation and roots, since the proxy cannot send a 2026-07-28 client
-    requests to relay them."""
+    """What a 2026-07-28 request's _meta declares, for the upstream: its capabilities
+    (sampling, elicitation and roots included: the upstream's requests for them reach the
+    client in input_required results, spillbox.mcp.inputs) and its client info."""
     meta = (params or {}).get("_meta") or {}
     try:
-        declared = types.ClientCapabilities.model_validate(
+        capabilities = types.ClientCapabilities.model_validate(
             meta.get(CLIENT_CAPABILITIES_META_KEY) or {}, by_name=False
         )
         info = meta.get(CLIENT_INFO_META_KEY)
         client_info = types.Implementation.model_validate(info, by_name=False) if info else None
     except ValidationError:
-        declared, client_info = types.ClientCapabilities(), None  # the SDK refuses the request
-    relayed = {"sampling": None, "elicitation": None, "roots": None}
-    capabilities = declared.model_copy(update=relayed)
+        capabilities, client_info = types.ClientCapabilities(), None  # the SDK refuses it
     return capabilities, client_info

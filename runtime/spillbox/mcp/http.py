@@ -268,9 +268,11 @@ class Sessions:
                     self.stateless[name] = entry
                     task_status.started(entry)
                     # Polled: the deadline moves with every request.
+                    # A call waiting for the client's answers (a round) keeps it open.
                     while (  # noqa: ASYNC110
                         self.session_timeout is None
                         or entry.busy
+                        or proxy.rounds.open
                         or anyio.current_time() - entry.last < self.session_timeout
                     ):
                         await anyio.sleep(IDLE_CHECK_SECONDS)

@@ -29,12 +29,14 @@ import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 from mcp_types.methods import SPEC_CLIENT_METHODS, validate_client_request
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from spillbox.mcp.handshake import Handshake
+from spillbox.mcp.inputs import STATE_SECONDS, Rounds, relay_progress
 from spillbox.mcp.links import resource_link
 from spillbox.mcp.local import LocalTools, as_call_result, gate_view
 from spillbox.mcp.resources import Resources
@@ -48,7 +50,6 @@ from spillbox.mcp.upstream import (
     Client,
     Ctx,
     Upstream,
-    relay_progress,
 )
 from spillbox.protocols import TaskHandle
 from spillbox.steps import STEP_BOUND_SECONDS, Steps
@@ -82,7 +83,8 @@ class Proxy:
     ) -> None:
         self.task = task
         self.group = group
-        self.client = Client()
+        self.rounds = Rounds(group)
+        self.client = Client(self.rounds.ask)
         self.upstream = (
             Upstream(command or None, self.client, self._from_upstream, timeout, url, start_timeout)
             if command or url
@@ -102,7 +104,12 @@ class Proxy:
         server: Server[Any] = Server("spillbox", on_list_tools=self._list_tools)
         # Registered as a request handler, whose result may be the wire's own dict.
         server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
-        server.middleware += [_named_invalid_params, self.handshake]
+        # A 2026-07-28 client's calls that the upstream needs its input for are rounds
+        # (spillbox.mcp.inputs), their requestState sealed and checked by the SDK's boundary.
+        boundary = RequestStateBoundary(
+            RequestStateSecurity.ephemeral(ttl=STATE_SECONDS), default_audience="spillbox"
+        )
+        server.middleware += [_named_invalid_params, self.handshake, boundary, self.rounds]
         # Offloaded payloads are resources (spillbox.mcp.links), whatever the upstream.
         server.add_request_handler(
             "resources/list", types.PaginatedRequestParams, self.resources.list

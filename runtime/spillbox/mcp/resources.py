@@ -11,9 +11,10 @@ import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
+from spillbox.mcp.inputs import relay_progress
 from spillbox.mcp.links import artifact_uri, parse_uri, resource
 from spillbox.mcp.local import LocalTools
-from spillbox.mcp.upstream import Ctx, Upstream, relay_progress
+from spillbox.mcp.upstream import Ctx, Upstream
 from spillbox.protocols import TaskHandle
 
 

@@ -8,8 +8,9 @@ the SDK's ClientSession.
     tools = await upstream.request(types.ListToolsRequest(...), types.ListToolsResult)
 
 The upstream is offered exactly the capabilities the proxy's client declared (sampling,
-elicitation, roots), and its requests for them are relayed to that client; its
-notifications go to on_notification. When it exits, `exited` is set and every request
+elicitation, roots), and its requests for them are relayed to that client (a 2026-07-28
+server's input_required results are driven through the same relays); its notifications
+go to on_notification. When it exits, `exited` is set and every request
 after that raises an MCPError that says so, with the exit status and the last lines of
 the server's stderr. A request that gets neither its answer nor a
 progress notification for `timeout` seconds is cancelled upstream (the SDK sends
@@ -29,6 +30,7 @@ import anyio
 import anyio.abc
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
+from mcp.client._input_required import run_input_required_driver
 from mcp.client._probe import negotiate_auto
 from mcp.client._transport import ReadStream
 from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
@@ -37,10 +39,10 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
-from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import SessionMessage
 from mcp_types import SERVER_INFO_META_KEY
-from pydantic import BaseModel
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, TypeAdapter
 
 from spillbox.mcp.transport import upstream_stdio
 
@@ -60,6 +62,12 @@ UPSTREAM_START_SECONDS = 8.0
 has come: under the official SDK client's 10 s for server/discover, so that a client in
 its default mode is told why instead of timing out. (It was started with the proxy; a
 server that npx downloads on first use may need more: --upstream-start-timeout.)"""
+_OR_INPUT_REQUIRED: dict[type[Any], TypeAdapter[Any]] = {
+    types.CallToolRequest: TypeAdapter(types.CallToolResult | types.InputRequiredResult),
+    types.GetPromptRequest: TypeAdapter(types.GetPromptResult | types.InputRequiredResult),
+    types.ReadResourceRequest: TypeAdapter(types.ReadResourceResult | types.InputRequiredResult),
+}
+"""The requests a 2026-07-28 server may answer with input_required, and either answer."""
 STDERR_TAIL_LINES = 5
 """How many of the server's last stderr lines an error about its exit quotes."""
 
@@ -76,17 +84,21 @@ def exit_status(returncode: int) -> str:
 
 
 class Client:
-    """The proxy's own client, as the upstream's relayed requests reach it."""
+    """The proxy's own client, as the upstream's relayed requests reach it: a 2025-11-25
+    client's session, or, for a 2026-07-28 client (which has none), ask (its calls'
+    input_required rounds, spillbox.mcp.inputs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ask: Callable[[types.InputRequest, type[BaseModel]], Awaitable[Any]]):
         self.session: ServerSession | None = None
-        """Set when the client's initialize arrives."""
+        """Set when a 2025-11-25 client's initialize arrives."""
         self.ready = anyio.Event()
         """Set when the client has sent notifications/initialized: requests may go to it."""
+        self.ask = ask
 
-    async def request(self, request: types.ServerRequest, result_type: type[ResultT]) -> Any:
+    async def request(self, request: types.InputRequest, result_type: type[BaseModel]) -> Any:
+        if self.session is None:
+            return await self.ask(request, result_type)
         await self.ready.wait()
-        assert self.session is not None
         try:
             return await self.session.send_request(request, result_type)
         except MCPError as e:
@@ -213,10 +225,15 @@ class Upstream:
                     await report(progress, total, message)
 
             try:
-                result = await self.session.send_request(
-                    request, result_type, progress_callback=on_progress
-                )
-                return _unstamped(result)
+                if type(request) not in _OR_INPUT_REQUIRED or self.protocol_version not in (
+                    MODERN_PROTOCOL_VERSIONS
+                ):
+                    result = await self.session.send_request(
+                        request, result_type, progress_callback=on_progress
+                    )
+                    return _unstamped(result)
+                answered: ResultT = await self._until_complete(request, on_progress)
+                return _unstamped(answered)
             except MCPError as e:
                 if e.code == types.CONNECTION_CLOSED:
                     gone = f"{await self.settled()} during this call"
@@ -227,6 +244,31 @@ class Upstream:
             f"the upstream MCP server sent no answer and no progress for {self.timeout:g} s; "
             "spillbox cancelled the request",
         )
+
+    async def _until_complete(self, request: Any, on_progress: ProgressFnT) -> Any:
+        """A 2026-07-28 server's result, its input_required answers resolved by the SDK's
+        own driver: each embedded request goes through the relays (_relays) as a legacy
+        server's would, and the request is sent again with the answers."""
+        assert self.session is not None
+        session = self.session
+        either = _OR_INPUT_REQUIRED[type(request)]
+
+        async def send(responses: types.InputResponses | None, state: str | None) -> Any:
+            params = request.params.model_copy(
+                update={"input_responses": responses, "request_state": state}
+            )
+            again = request.model_copy(update={"params": params})
+            return await session.send_request(again, either, progress_callback=on_progress)
+
+        async def dispatch(key: str, asked: types.InputRequest) -> Any:
+            meta = asked.params.meta if asked.params is not None else None
+            context = ClientRequestContext(session=session, request_id=key, meta=meta)
+            return await session.dispatch_input_request(context, asked)
+
+        first = await session.send_request(request, either, progress_callback=on_progress)
+        if not isinstance(first, types.InputRequiredResult):
+            return first
+        return await run_input_required_driver(first, dispatch=dispatch, retry=send)
 
     async def notify(self, notification: types.ClientNotification) -> None:
         if self.session is not None and not self.exited.is_set():
@@ -391,14 +433,3 @@ async def _until_eof(
                 await sink.send(item)
     finally:
         eof.set()
-
-
-def relay_progress(ctx: Ctx) -> ProgressFnT | None:
-    """Progress for an upstream request, routed back under the client's own token."""
-    if progress_token_from_params(ctx.params) is None:
-        return None
-
-    async def report(progress: float, total: float | None, message: str | None) -> None:
-        await ctx.session.report_progress(progress, total, message)
-
-    return report
