@@ -23,7 +23,8 @@ from mcp_types.version import (
 )
 from pydantic import ValidationError
 
-from spillbox.mcp.upstream import Client, Ctx, Upstream
+from spillbox.mcp.relays import Client
+from spillbox.mcp.upstream import Ctx, Upstream
 
 
 class Handshake:

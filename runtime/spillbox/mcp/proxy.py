@@ -39,6 +39,7 @@ from spillbox.mcp.handshake import Handshake
 from spillbox.mcp.inputs import STATE_SECONDS, Rounds, relay_progress
 from spillbox.mcp.links import resource_link
 from spillbox.mcp.local import LocalTools, as_call_result, gate_view
+from spillbox.mcp.relays import Client
 from spillbox.mcp.resources import Resources
 from spillbox.mcp.results import ResultT, gated, redacted_passed, tool_result
 from spillbox.mcp.transport import stdio
@@ -47,7 +48,6 @@ from spillbox.mcp.upstream import (
     UPSTREAM_GONE,
     UPSTREAM_START_SECONDS,
     UPSTREAM_TIMEOUT,
-    Client,
     Ctx,
     Upstream,
 )

@@ -30,20 +30,19 @@ import anyio
 import anyio.abc
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp.client._input_required import run_input_required_driver
 from mcp.client._probe import negotiate_auto
 from mcp.client._transport import ReadStream
-from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
+from mcp.client.session import ClientSession, IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
-from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import SERVER_INFO_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
+from spillbox.mcp.relays import OR_INPUT_REQUIRED, Client, relays, until_complete
 from spillbox.mcp.transport import upstream_stdio
 
 ResultT = TypeVar("ResultT", bound=BaseModel)
@@ -62,12 +61,6 @@ UPSTREAM_START_SECONDS = 8.0
 has come: under the official SDK client's 10 s for server/discover, so that a client in
 its default mode is told why instead of timing out. (It was started with the proxy; a
 server that npx downloads on first use may need more: --upstream-start-timeout.)"""
-_OR_INPUT_REQUIRED: dict[type[Any], TypeAdapter[Any]] = {
-    types.CallToolRequest: TypeAdapter(types.CallToolResult | types.InputRequiredResult),
-    types.GetPromptRequest: TypeAdapter(types.GetPromptResult | types.InputRequiredResult),
-    types.ReadResourceRequest: TypeAdapter(types.ReadResourceResult | types.InputRequiredResult),
-}
-"""The requests a 2026-07-28 server may answer with input_required, and either answer."""
 STDERR_TAIL_LINES = 5
 """How many of the server's last stderr lines an error about its exit quotes."""
 
@@ -81,28 +74,6 @@ def exit_status(returncode: int) -> str:
     except ValueError:
         name = ""
     return f"was killed by signal {-returncode}{name}"
-
-
-class Client:
-    """The proxy's own client, as the upstream's relayed requests reach it: a 2025-11-25
-    client's session, or, for a 2026-07-28 client (which has none), ask (its calls'
-    input_required rounds, spillbox.mcp.inputs)."""
-
-    def __init__(self, ask: Callable[[types.InputRequest, type[BaseModel]], Awaitable[Any]]):
-        self.session: ServerSession | None = None
-        """Set when a 2025-11-25 client's initialize arrives."""
-        self.ready = anyio.Event()
-        """Set when the client has sent notifications/initialized: requests may go to it."""
-        self.ask = ask
-
-    async def request(self, request: types.InputRequest, result_type: type[BaseModel]) -> Any:
-        if self.session is None:
-            return await self.ask(request, result_type)
-        await self.ready.wait()
-        try:
-            return await self.session.send_request(request, result_type)
-        except MCPError as e:
-            return e.error
 
 
 class Upstream:
@@ -225,14 +196,14 @@ class Upstream:
                     await report(progress, total, message)
 
             try:
-                if type(request) not in _OR_INPUT_REQUIRED or self.protocol_version not in (
+                if type(request) not in OR_INPUT_REQUIRED or self.protocol_version not in (
                     MODERN_PROTOCOL_VERSIONS
                 ):
                     result = await self.session.send_request(
                         request, result_type, progress_callback=on_progress
                     )
                     return _unstamped(result)
-                answered: ResultT = await self._until_complete(request, on_progress)
+                answered: ResultT = await until_complete(self.session, request, on_progress)
                 return _unstamped(answered)
             except MCPError as e:
                 if e.code == types.CONNECTION_CLOSED:
@@ -244,31 +215,6 @@ class Upstream:
             f"the upstream MCP server sent no answer and no progress for {self.timeout:g} s; "
             "spillbox cancelled the request",
         )
-
-    async def _until_complete(self, request: Any, on_progress: ProgressFnT) -> Any:
-        """A 2026-07-28 server's result, its input_required answers resolved by the SDK's
-        own driver: each embedded request goes through the relays (_relays) as a legacy
-        server's would, and the request is sent again with the answers."""
-        assert self.session is not None
-        session = self.session
-        either = _OR_INPUT_REQUIRED[type(request)]
-
-        async def send(responses: types.InputResponses | None, state: str | None) -> Any:
-            params = request.params.model_copy(
-                update={"input_responses": responses, "request_state": state}
-            )
-            again = request.model_copy(update={"params": params})
-            return await session.send_request(again, either, progress_callback=on_progress)
-
-        async def dispatch(key: str, asked: types.InputRequest) -> Any:
-            meta = asked.params.meta if asked.params is not None else None
-            context = ClientRequestContext(session=session, request_id=key, meta=meta)
-            return await session.dispatch_input_request(context, asked)
-
-        first = await session.send_request(request, either, progress_callback=on_progress)
-        if not isinstance(first, types.InputRequiredResult):
-            return first
-        return await run_input_required_driver(first, dispatch=dispatch, retry=send)
 
     async def notify(self, notification: types.ClientNotification) -> None:
         if self.session is not None and not self.exited.is_set():
@@ -311,7 +257,7 @@ class Upstream:
                 write,
                 message_handler=self._message,
                 client_info=client_info,
-                **self._relays(capabilities),
+                **relays(self.client, capabilities),
             ) as session:
                 await self._negotiate(session)
                 self.session = session
@@ -350,33 +296,6 @@ class Upstream:
 
     def _started(self, process: anyio.abc.Process) -> None:
         self.process = process
-
-    def _relays(self, capabilities: types.ClientCapabilities) -> dict[str, Any]:
-        """Callbacks for what the client can do, relaying the server's requests to it."""
-        relays: dict[str, Any] = {}
-        if capabilities.sampling is not None:
-            relays["sampling_callback"] = self._sampling
-        if capabilities.elicitation is not None:
-            relays["elicitation_callback"] = self._elicitation
-        if capabilities.roots is not None:
-            relays["list_roots_callback"] = self._roots
-        return relays
-
-    async def _sampling(
-        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
-    ) -> Any:
-        result_type: type[BaseModel] = (
-            types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
-        )
-        return await self.client.request(types.CreateMessageRequest(params=params), result_type)
-
-    async def _elicitation(
-        self, context: ClientRequestContext, params: types.ElicitRequestParams
-    ) -> Any:
-        return await self.client.request(types.ElicitRequest(params=params), types.ElicitResult)
-
-    async def _roots(self, context: ClientRequestContext) -> Any:
-        return await self.client.request(types.ListRootsRequest(), types.ListRootsResult)
 
     async def _message(self, message: IncomingMessage) -> None:
         if not isinstance(message, Exception):
