@@ -54,7 +54,7 @@ class Answers:
         }
 
 
-@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+@pytest.mark.parametrize("mode", ["auto", "legacy", "2026-07-28"])
 async def test_server_everythings_sampling_elicitation_and_roots_in_each_client_era(
     mode: str, npm_servers: Path, home: Path
 ) -> None:

@@ -14,6 +14,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_client import connect, memory_kb, proxy_params, proxy_pid, text_of, toy_server
 
+from mcp import Client
 from spillbox import parse_notice
 from spillbox.mcp.results import tool_result
 from spillbox.steps import STEP_BOUND_SECONDS
@@ -149,6 +150,23 @@ async def test_the_clients_cancel_reaches_the_upstream(home: Path, tmp_path: Pat
             await session.call_tool("never", {})
         await appears(cancelled)
         assert text_of(await session.call_tool("echo", {"text": "next"})) == "next"
+
+
+async def test_a_2026_clients_cancel_reaches_the_upstream_through_its_round(
+    home: Path, tmp_path: Path
+) -> None:
+    """A 2026-07-28 client's call runs in a round (spillbox.mcp.inputs): cancelling the
+    request it waits on cancels the upstream's call, and the next call is answered."""
+    cancelled = tmp_path / "cancelled"
+    params = proxy_params(home, toy_server("--cancelled", str(cancelled)))
+    async with Client(params, mode="2026-07-28") as client:
+        # Its first request connects the upstream: a call cancelled before that never
+        # reaches it, so the upstream is connected first.
+        assert text_of(await client.call_tool("echo", {"text": "first"})) == "first"
+        with anyio.move_on_after(1):
+            await client.call_tool("never", {})
+        await appears(cancelled)
+        assert text_of(await client.call_tool("echo", {"text": "next"})) == "next"
 
 
 async def test_a_finished_result_waits_for_its_step_at_most_the_step_bound(home: Path) -> None:
