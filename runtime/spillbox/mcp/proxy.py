@@ -183,21 +183,34 @@ class Proxy:
         self, ctx: Ctx, params: types.CallToolRequestParams
     ) -> types.CallToolResult | dict[str, Any]:
         name = params.name
-        # Numbered by the catalog: another proxy (or `mcp serve`) on this task never
-        # gives a result the same name.
-        call_id = await anyio.to_thread.run_sync(self.task.next_call_id, name)
         original = types.CallToolResult(content=[])
         from_server = False
         """Whether original is the server's own (parsed from the wire), not spillbox's."""
 
         async def run() -> ToolResult:
             nonlocal original, from_server
-            if name in self.local.names:
-                output = await self.local.call(name, params.arguments)
+            # Numbered by the catalog (another proxy, or `mcp serve`, on this task never
+            # gives a result the same name), in a thread while the call runs: the
+            # catalog's write is not on the call's path.
+            numbered: list[str] = []
+
+            async def number() -> None:
+                numbered.append(await anyio.to_thread.run_sync(self.task.next_call_id, name))
+
+            output = None
+            try:
+                async with anyio.create_task_group() as numbering:
+                    numbering.start_soon(number)
+                    if name in self.local.names:
+                        output = await self.local.call(name, params.arguments)
+                    else:
+                        original, from_server = await self._upstream_call(ctx, params)
+            except BaseExceptionGroup as e:
+                raise e.exceptions[0] from None  # the call's own error, as it was raised
+            if output is not None:
                 original = as_call_result(output)
-                return gate_view(call_id, name, output)
-            original, from_server = await self._upstream_call(ctx, params)
-            return tool_result(call_id, name, original)
+                return gate_view(numbered[0], name, output)
+            return tool_result(numbered[0], name, original)
 
         admitted = await self.steps.run(run)
         tool = self.upstream_tools.get(name) if name not in self.local.names else None
