@@ -26,6 +26,14 @@ class HostStorage(TaskStorage):
         """None: the task is placed nowhere yet (known nowhere, or never opened)."""
         self.name = task_id
         self.offload = Path(offload or "/nonexistent")
+        self._warm = True
+        """Whether a warm is worth a call: none went yet, or a payload came since the last."""
+
+    def to_warm(self) -> bool:
+        """Whether the task's sandbox is to be warmed now (see RayBackend.warm); each True
+        answer is given once, until the next payload staged or appended."""
+        warm, self._warm = self._warm, False
+        return warm
 
     def _call(self, method: str, *args: object) -> Any:
         assert self.link is not None, "a task placed nowhere has no storage to call"
@@ -67,6 +75,7 @@ class HostStorage(TaskStorage):
     def stage(self, data: bytes, want: tuple[str, str] | None = None) -> Iterator[Staged]:
         """One call: the bytes cross once, and the host links them under want ahead."""
         assert self.link is not None, "a task placed nowhere has no storage to call"
+        self._warm = True
         token, temp, sha256, size, taken, ahead = self.link.take("stage", self.task_id, data, want)
         staged = _HostStaged(self, temp, sha256, size, frozenset(taken), ahead)
         try:
@@ -87,6 +96,7 @@ class HostStorage(TaskStorage):
         return bytes(self._storage("read", name))
 
     def append(self, name: str, at: int, data: bytes) -> None:
+        self._warm = True
         self._storage("append", name, at, data)
 
     def remove(self, name: str) -> None:
