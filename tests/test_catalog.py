@@ -433,6 +433,36 @@ def test_a_postgres_lock_held_elsewhere_is_the_same_clear_error(
     catalog.close()
 
 
+def test_postgres_connections_the_server_dropped_are_replaced(
+    home: Path, postgres_url: str
+) -> None:
+    """No ping before each use: a pooled connection the server ended (a restart, an idle
+    timeout) fails at the first statement of its use, which runs again on a new one."""
+    import psycopg
+
+    catalog = Catalog(home, url=postgres_url)
+    catalog.open_task("t1", "{}")
+    pooled = [catalog.engine.raw_connection() for _ in range(3)]  # three idle in the pool
+    for connection in pooled:
+        connection.close()
+    with psycopg.connect(postgres_url, autocommit=True) as other:
+        ended = other.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    assert len(ended) >= 3
+    assert catalog.task("t1") is not None  # a read
+    catalog.log("t1", None, "read", "test")  # a write transaction
+    with psycopg.connect(postgres_url, autocommit=True) as other:
+        other.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    catalog.log("t1", None, "read", "test")  # the write first, this time
+    assert [e.action for e in catalog.audit("t1")] == ["read", "read"]
+    catalog.close()
+
+
 _LOCKER = """
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)

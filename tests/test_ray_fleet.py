@@ -267,3 +267,26 @@ def test_a_payload_linked_ahead_but_not_published_is_unlinked(
         _until(lambda: [p.name for p in offload.iterdir()] == ["c1.txt"])
         assert [row.artifact_id for row in task.artifacts()] == ["c1"]
         assert parse_notice(again.text)["path"] == parse_notice(first.text)["path"]  # type: ignore[index]
+
+
+def test_a_taken_name_is_published_under_the_next_free_one(
+    harness: Harness, cluster: LocalCluster
+) -> None:
+    # The host links a staged payload ahead under its likely name only if that is free;
+    # a call id again (other bytes), or a deleted artifact's id (never given again), makes
+    # the harness link it under the next free name itself. Each is read back byte for byte.
+    payloads = [blob(BLOB) + f"\n{i}" for i in range(3)]
+    with harness.task("taken") as task:
+        [first] = task.admit([ToolResult(call_id="c1", tool="rows", content=payloads[0])])
+        [second] = task.admit([ToolResult(call_id="c1", tool="rows", content=payloads[1])])
+        assert first.artifact is not None and second.artifact is not None
+        assert (first.artifact.id, second.artifact.id) == ("c1", "c1-2")
+        task.delete("c1-2")
+        [third] = task.admit([ToolResult(call_id="c1", tool="rows", content=payloads[2])])
+        assert third.artifact is not None and third.artifact.id == "c1-3"
+        rows = {row.artifact_id: row for row in task.artifacts()}
+        assert sorted(rows) == ["c1", "c1-3"]
+        assert task.read(rows["c1"]) == payloads[0].encode()
+        assert task.read(rows["c1-3"]) == payloads[2].encode()
+        offload = cluster.homes[_placement(harness, "taken").host] / "tasks" / "taken" / "offload"
+        _until(lambda: sorted(p.name for p in offload.iterdir()) == ["c1-3.txt", "c1.txt"])

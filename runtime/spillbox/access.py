@@ -74,9 +74,8 @@ class Access:
     def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
         """Log a read or query; with TTL counted from access, push the expiry back."""
         expiry = expiry_after_access(self.retention, time.time())
-        self.catalog.touch(self.task_id, row.artifact_id, expiry)
         logged: Action = "query" if action == "query" else "read"
-        self.catalog.log(self.task_id, row.artifact_id, logged, actor, detail)
+        self.catalog.accessed(self.task_id, row.artifact_id, expiry, logged, actor, detail)
 
     def export(self, ref: str, dest: str | Path, actor: str) -> Path:
         """Copy an artifact out of the sandbox, if the policy allows; always logged."""

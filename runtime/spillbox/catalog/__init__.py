@@ -385,7 +385,17 @@ class Catalog:
         rows = self._db.rows("finding an artifact", _FIND, args)
         return _artifact(rows[0]) if rows else None
 
-    def touch(self, task_id: str, artifact_id: str, expires_at: float | None) -> None:
+    def accessed(
+        self,
+        task_id: str,
+        artifact_id: str,
+        expires_at: float | None,
+        action: Action,
+        actor: str,
+        detail: str = "",
+    ) -> None:
+        """Record a read or query of an artifact: its last access (and expiry, if given)
+        and its line in the access log, in one transaction."""
         args = {
             "key_task": task_id,
             "key_artifact": artifact_id,
@@ -394,6 +404,7 @@ class Catalog:
         }
         with self._db.transaction("recording an access") as tx:
             tx.execute(_TOUCH, args)
+            _log(tx, task_id, artifact_id, action, actor, detail)
 
     def set_pinned(self, task_id: str, artifact_id: str, pinned: bool, actor: str) -> None:
         args = {"key_task": task_id, "key_artifact": artifact_id, "pinned": int(pinned)}

@@ -5,7 +5,12 @@ errors.
 SQLite: WAL mode, a busy timeout, reads in autocommit (a WAL reader never waits), and
 write transactions that take the write lock up front (BEGIN IMMEDIATE), so a
 read-then-write never fails half way for a lock. Postgres: the same busy timeout as its
-lock_timeout, so a writer stuck behind another host's lock fails with the same clear error.
+lock_timeout, so a writer stuck behind another host's lock fails with the same clear error;
+a read is one round trip to the server (autocommit: no BEGIN, no ROLLBACK) and a write
+transaction its statements and two more (BEGIN, COMMIT). No ping before each use (it cost
+a round trip, and with psycopg's own BEGIN a second): a pooled connection the server
+dropped meanwhile fails at the read or the BEGIN that opens its use, before anything was
+done on it, and that one statement runs again on another connection.
 
 The catalog's statements are SQLAlchemy Core, compiled once for the engine's dialect and
 run on the driver's own connection (Database): SQLAlchemy's execution layer (a connection
@@ -17,10 +22,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import URL, make_url
@@ -36,6 +41,7 @@ POSTGRES_SCHEMES = ("postgres", "postgresql")
 """URL schemes that mean Postgres through psycopg 3 (SQLAlchemy's default would be psycopg2)."""
 LOCK_NOT_AVAILABLE = "55P03"
 """Postgres's SQLSTATE when lock_timeout ran out."""
+_T = TypeVar("_T")
 
 
 def catalog_url(raw: str) -> URL:
@@ -73,10 +79,9 @@ def make_engine(url: URL, busy_timeout: float) -> Engine:
         event.listen(engine, "connect", _sqlite_connected)
         return engine
     try:
+        # No pool_pre_ping: Database replaces a connection found dropped (_postgres).
         return create_engine(
-            url,
-            connect_args={"options": f"-c lock_timeout={int(busy_timeout * 1000)}"},
-            pool_pre_ping=True,
+            url, connect_args={"options": f"-c lock_timeout={int(busy_timeout * 1000)}"}
         )
     except ModuleNotFoundError as e:
         raise ConfigError(
@@ -182,16 +187,8 @@ class Database:
 
     @contextmanager
     def _connection(self, doing: str) -> Iterator[PoolProxiedConnection]:
+        """SQLite: this thread's kept connection."""
         with self.errors(doing):
-            if not self.sqlite:
-                connection = self.engine.raw_connection()
-                try:
-                    yield connection
-                except BaseException:
-                    connection.invalidate()  # whatever state it is in, it is not reused
-                    raise
-                connection.close()
-                return
             thread = threading.current_thread()
             kept = self._kept.get(thread)
             if kept is None:
@@ -201,28 +198,77 @@ class Database:
                 kept = self._kept[thread] = self.engine.raw_connection()
             yield kept
 
+    @contextmanager
+    def _postgres(
+        self, doing: str, first: Callable[[DBAPICursor], _T]
+    ) -> Iterator[tuple[PoolProxiedConnection, DBAPICursor, _T]]:
+        """A connection of the pool in autocommit, the cursor that ran first(cursor) on it
+        (a read, or the BEGIN of a transaction), and what first returned. A connection the
+        server dropped while it was pooled (a restart, an idle timeout) fails at that first
+        statement, before anything was done on it: it is thrown away and first runs again
+        on another (the pool's ping before each use did this at a round trip's cost)."""
+        # Each connection idle in the pool may have been dropped (a server restart drops
+        # them all): at most that many are thrown away, then a new one is made.
+        size = getattr(self.engine.pool, "size", lambda: 5)
+        with self.errors(doing):
+            for attempt in range(int(size()) + 1):
+                connection = self.engine.raw_connection()
+                driver = connection.driver_connection
+                try:
+                    driver.autocommit = True  # type: ignore[union-attr]
+                    cursor = connection.cursor()
+                    found = first(cursor)
+                except BaseException as e:
+                    connection.invalidate()
+                    if attempt < size() and _dropped(e, driver):
+                        continue
+                    raise
+                try:
+                    yield connection, cursor, found
+                except BaseException:
+                    connection.invalidate()  # whatever state it is in, it is not reused
+                    raise
+                cursor.close()
+                driver.autocommit = False  # type: ignore[union-attr]  # as the pool gave it
+                connection.close()
+                return
+
     def rows(
         self, doing: str, statement: ClauseElement, params: Mapping[str, Any] = {}
     ) -> list[dict[str, Any]]:
         """A read: its rows as dicts of column names."""
+
+        def read(cursor: DBAPICursor) -> list[dict[str, Any]]:
+            self.run(cursor, statement, params)
+            return _dicts(cursor)
+
+        if not self.sqlite:
+            with self._postgres(doing, read) as (_, _, found):
+                return found
         with self._connection(doing) as connection:
             cursor = connection.cursor()
             try:
-                self.run(cursor, statement, params)
-                return _dicts(cursor)
+                return read(cursor)
             finally:
                 cursor.close()
-                if not self.sqlite:
-                    connection.rollback()  # ends the read's transaction
 
     @contextmanager
     def transaction(self, doing: str) -> Iterator[Transaction]:
         """A write transaction; on SQLite it takes the write lock up front."""
+        if not self.sqlite:
+            with self._postgres(doing, lambda cursor: cursor.execute("BEGIN")) as opened:
+                connection, cursor, _ = opened
+                try:
+                    yield Transaction(self, cursor)
+                    connection.commit()
+                except BaseException:
+                    connection.rollback()
+                    raise
+            return
         with self._connection(doing) as connection:
             cursor = connection.cursor()
             try:
-                if self.sqlite:
-                    cursor.execute("BEGIN IMMEDIATE")
+                cursor.execute("BEGIN IMMEDIATE")
                 try:
                     yield Transaction(self, cursor)
                     connection.commit()
@@ -231,6 +277,11 @@ class Database:
                     raise
             finally:
                 cursor.close()
+
+
+def _dropped(e: BaseException, driver: Any) -> bool:
+    """Whether e says the server had dropped the connection (psycopg marks it broken)."""
+    return _kind(e) == "OperationalError" and bool(getattr(driver, "broken", False))
 
 
 def _is_insert(statement: ClauseElement) -> bool:

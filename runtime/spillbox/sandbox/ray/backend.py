@@ -161,8 +161,14 @@ class RayBackend(SandboxBackend):
         self._call(storage, "create")
 
     def warm(self, storage: TaskStorage) -> None:
+        """Start the sandbox on its host and preload its tables: asked once, then again
+        only after a payload came (an admit whose results all stayed inline, such as a
+        query's, would ask for nothing new, at the cost of a call). What the host released
+        meanwhile (another process closed the task) starts at the next exec, its tables
+        loaded by their first query."""
         link = self._on_host(storage)
-        if link is not None:
+        assert isinstance(storage, HostStorage)
+        if link is not None and storage.to_warm():
             link.send("backend_call", storage.task_id, "warm")
 
     def visible_path(self, stored: StoredFile) -> str:

@@ -99,9 +99,7 @@ class HostLink:
         """Call a method whose answer is a token (or starts with one) that the host keeps
         leased until end(): renewed while this process lives."""
         answer = self.call(method, *args)
-        token = answer if isinstance(answer, str) else answer[0]
-        if self._leases is not None:
-            self._leases.keep(self.actor, self._lease, token)
+        self.kept(answer if isinstance(answer, str) else answer[0])
         return answer
 
     def end(self, token: str, wait: bool = False, keep: str | None = None) -> None:
@@ -118,16 +116,30 @@ class HostLink:
 
     def call(self, method: str, *args: Any) -> Any:
         """The host's answer; an error raised there is raised here as itself."""
+        return self.answer(self.ask(method, *args))
+
+    def ask(self, method: str, *args: Any) -> Any:
+        """Ask now, for an answer taken later (answer()): work that needs none of it runs
+        meanwhile, beside the host's."""
         if self.actor is None:
             raise HostLostError(lost_message(self.task_id, self.host))
+        return getattr(self.actor, method).remote(*args)
+
+    def answer(self, asked: Any) -> Any:
+        """The answer to what ask() asked, as call() gives it."""
         try:
-            return ray.get(getattr(self.actor, method).remote(*args))
+            return ray.get(asked)
         except RayTaskError as e:
             raise e.cause from None
         except RayActorError:
             self._lose()
             self.actor = None
             raise HostLostError(lost_message(self.task_id, self.host)) from None
+
+    def kept(self, token: str) -> None:
+        """Renew a token the host answered with until end() (what take() does)."""
+        if self._leases is not None:
+            self._leases.keep(self.actor, self._lease, token)
 
     def send(self, method: str, *args: Any) -> None:
         """Ask without waiting, for what no later call depends on (letting go of a hold,

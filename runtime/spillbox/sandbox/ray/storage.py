@@ -3,16 +3,21 @@
 The offload path stages, publishes and removes payloads through these as it does on one
 machine; the payload's bytes cross the network once, in stage(), to the host that keeps
 them. The open hold, the quota lock and the temp file live on the host between calls.
+stage() does not wait for the host: the payload's digest and size are known here, and
+the offload path's catalog reads (is it a repeat, is its id taken) run while the host
+writes it; its answer is taken when publishing needs it, or at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spillbox.errors import StorageError
 from spillbox.sandbox.ray.link import HostLink
 from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage
 
@@ -26,6 +31,14 @@ class HostStorage(TaskStorage):
         """None: the task is placed nowhere yet (known nowhere, or never opened)."""
         self.name = task_id
         self.offload = Path(offload or "/nonexistent")
+        self._warm = True
+        """Whether a warm is worth a call: none went yet, or a payload came since the last."""
+
+    def to_warm(self) -> bool:
+        """Whether the task's sandbox is to be warmed now (see RayBackend.warm); each True
+        answer is given once, until the next payload staged or appended."""
+        warm, self._warm = self._warm, False
+        return warm
 
     def _call(self, method: str, *args: object) -> Any:
         assert self.link is not None, "a task placed nowhere has no storage to call"
@@ -65,15 +78,22 @@ class HostStorage(TaskStorage):
 
     @contextmanager
     def stage(self, data: bytes, want: tuple[str, str] | None = None) -> Iterator[Staged]:
-        """One call: the bytes cross once, and the host links them under want ahead."""
-        assert self.link is not None, "a task placed nowhere has no storage to call"
-        token, temp, sha256, size, taken, ahead = self.link.take("stage", self.task_id, data, want)
-        staged = _HostStaged(self, temp, sha256, size, frozenset(taken), ahead)
+        """One call: the bytes cross once, and the host links them under want ahead. Its
+        answer is awaited only when needed (see the module's docstring); a failure there
+        is raised from the block's end if nothing needed it sooner."""
+        link = self.link
+        assert link is not None, "a task placed nowhere has no storage to call"
+        self._warm = True
+        asked = _Asked(link, link.ask("stage", self.task_id, data, want), data)
+        staged = _HostStaged(self, "", asked.sha256, len(data), asked=asked)
         try:
             yield staged
-        finally:
-            kept = ahead if ahead in staged.published else None
-            self.link.end(token, keep=kept)
+        except BaseException:
+            if asked.ok():  # the host's failure, if it failed too, is not this one's cause
+                link.end(asked.token, keep=_kept(staged))
+            raise
+        asked.wait()
+        link.end(asked.token, keep=_kept(staged))
 
     def _storage(self, method: str, *args: object) -> Any:
         if self.link is None:
@@ -87,6 +107,7 @@ class HostStorage(TaskStorage):
         return bytes(self._storage("read", name))
 
     def append(self, name: str, at: int, data: bytes) -> None:
+        self._warm = True
         self._storage("append", name, at, data)
 
     def remove(self, name: str) -> None:
@@ -97,6 +118,57 @@ class HostStorage(TaskStorage):
 
     def destroy(self) -> None:
         self._storage("destroy")
+
+
+def _kept(staged: _HostStaged) -> str | None:
+    """The name linked ahead, if publish() gave it out (the host keeps it at end())."""
+    ahead = staged.asked.ahead if staged.asked is not None else None
+    return ahead if ahead is not None and ahead in staged.published else None
+
+
+class _Asked:
+    """The host's answer to one stage(), taken once, when first needed."""
+
+    def __init__(self, link: HostLink, asked: Any, data: bytes) -> None:
+        self._link = link
+        self._asked: Any = asked
+        self._size = len(data)
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        self._error: BaseException | None = None
+        self.token = ""
+        self.temp = ""
+        self.taken: frozenset[str] = frozenset()
+        self.ahead: str | None = None
+
+    def wait(self) -> None:
+        """Take the answer (once); the host's error, if it failed (every time asked)."""
+        if self._asked is not None:
+            asked, self._asked = self._asked, None
+            try:
+                token, temp, sha256, size, taken, ahead = self._link.answer(asked)
+            except BaseException as e:
+                self._error = e
+                raise
+            self._link.kept(token)
+            self.token, self.temp, self.taken, self.ahead = token, temp, frozenset(taken), ahead
+            if (sha256, size) != (self.sha256, self._size):
+                self._error = StorageError(
+                    f"the payload staged on host {self._link.host!r} is not the one sent "
+                    f"({size} bytes, sha256 {sha256[:12]}, for {self._size} bytes, "
+                    f"{self.sha256[:12]}): nothing was stored"
+                )
+                self._link.end(token)
+                raise self._error
+        if self._error is not None:
+            raise self._error
+
+    def ok(self) -> bool:
+        """Whether the host staged the payload (its answer taken now, if it was not)."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the caller raises its own error
+            return False
+        return True
 
 
 class _HostHold:
@@ -114,29 +186,33 @@ class _HostHold:
 class _HostStaged(Staged):
     """A payload staged on the host; publish() links it there, under a free name."""
 
-    taken: frozenset[str] = frozenset()
-    ahead: str | None = None
-    """The name the host linked the payload under ahead, if it could."""
+    asked: _Asked | None = None
+    """The host's answer: its temp file, the stems its offload folder holds, and the name
+    it linked the payload under ahead, if it could."""
     published: list[str] = field(default_factory=list)
     """What publish() gave out without a call (the name linked ahead)."""
 
     def publish(
         self, stem: str, extension: str, reserved: Callable[[str], bool] = lambda _: False
     ) -> StoredFile:
-        storage = self.storage
-        assert isinstance(storage, HostStorage)
+        storage, asked = self.storage, self.asked
+        assert isinstance(storage, HostStorage) and asked is not None
         wanted = f"{stem}.{extension}"
-        if self.ahead == wanted and not reserved(stem):
+        stem_reserved = reserved(stem)  # a catalog read: asked while the host stages
+        asked.wait()
+        if asked.ahead == wanted and not stem_reserved:
             self.published.append(wanted)
             return StoredFile(wanted, storage.offload / wanted, self.sha256, self.bytes)
-        ahead_stem = None if self.ahead is None else self.ahead.rsplit(".", 1)[0]
+        ahead_stem = None if asked.ahead is None else asked.ahead.rsplit(".", 1)[0]
         n = 1
         while True:
             free = stem if n == 1 else f"{stem}-{n}"
             n += 1
-            if free in self.taken or free == ahead_stem or reserved(free):
+            if free in asked.taken or free == ahead_stem:
+                continue
+            if stem_reserved if free == stem else reserved(free):
                 continue
             name = f"{free}.{extension}"
-            path = storage._call("link", storage.task_id, self.temp, name)
+            path = storage._call("link", storage.task_id, asked.temp, name)
             if path is not None:
                 return StoredFile(name, Path(str(path)), self.sha256, self.bytes)
