@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from catalog_backends import run_at_once
 from spillbox import Harness
-from spillbox.catalog import CATALOG_FILE, Catalog, migrate
+from spillbox.catalog import CATALOG_FILE, Catalog, claims, migrate
 from spillbox.catalog.schema import metadata
 from spillbox.config import Settings
 from spillbox.errors import ConfigError, StorageError
@@ -580,13 +580,13 @@ def test_collectors_claim_disjoint_batches_of_expired_artifacts(
         first.add_artifact(_row("t1", f"a{i}", expires_at=now - 100 + i))
     first.add_artifact(_row("t1", "pinned", expires_at=now - 100, pinned=True))
     first.add_artifact(_row("t1", "later", expires_at=now + 100))
-    a = first.claim_expired(now, limit=3)
-    b = second.claim_expired(now, limit=10)
+    a = claims.claim_expired(first, now, limit=3)
+    b = claims.claim_expired(second, now, limit=10)
     assert [r.artifact_id for r in a] == ["a0", "a1", "a2"], "oldest expiry first"
     assert [r.artifact_id for r in b] == ["a3", "a4", "a5", "a6"]
-    assert first.claim_expired(now) == [] and second.claim_expired(now) == []
+    assert claims.claim_expired(first, now) == [] and claims.claim_expired(second, now) == []
     # A claim runs out: a collector that died lets go after its lease.
-    assert [r.artifact_id for r in second.claim_expired(now + 601, limit=1)] == ["a0"]
+    assert [r.artifact_id for r in claims.claim_expired(second, now + 601, limit=1)] == ["a0"]
 
 
 def test_a_task_is_claimed_by_one_collector_until_released(
@@ -594,14 +594,14 @@ def test_a_task_is_claimed_by_one_collector_until_released(
 ) -> None:
     first, second = two_catalogs
     now = time.time()
-    assert not first.claim_task("t1", now), "an open task is not collected"
+    assert not claims.claim_task(first, "t1", now), "an open task is not collected"
     first.close_task("t1", delete_after=now - 1)
-    assert first.claim_task("t1", now)
-    assert not second.claim_task("t1", now)
-    second.release_task("t1")  # not its claim: nothing changes
-    assert not second.claim_task("t1", now)
-    first.release_task("t1")
-    assert second.claim_task("t1", now)
+    assert claims.claim_task(first, "t1", now)
+    assert not claims.claim_task(second, "t1", now)
+    claims.release_task(second, "t1")  # not its claim: nothing changes
+    assert not claims.claim_task(second, "t1", now)
+    claims.release_task(first, "t1")
+    assert claims.claim_task(second, "t1", now)
 
 
 _NO_DRIVER = """

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import spillbox.catalog.placements as placements_module
-from spillbox.catalog import Catalog
+from spillbox.catalog import Catalog, claims
 from spillbox.catalog.placements import HostRecord, Placements
 from spillbox.types import ArtifactRow
 from test_placements import _row
@@ -54,9 +54,9 @@ def test_a_hosts_collection_sees_only_the_tasks_placed_on_it(catalog: Catalog) -
     assert [t.task_id for t in catalog.tasks(host="a")] == ["on-a"]
     assert [t.task_id for t in catalog.tasks(("open",), "b")] == ["on-b"]
     assert [t.task_id for t in catalog.tasks()] == ["alone", "on-a", "on-b"]
-    assert [r.task_id for r in catalog.expired(now, "b")] == ["on-b"]
-    assert [r.task_id for r in catalog.claim_expired(now, host="a")] == ["on-a"]
-    assert catalog.claim_expired(now, host="a") == []  # claimed, and b's is not a's
-    assert [r.task_id for r in catalog.claim_expired(now, host="b")] == ["on-b"]
+    assert [r.task_id for r in claims.expired(catalog, now, "b")] == ["on-b"]
+    assert [r.task_id for r in claims.claim_expired(catalog, now, host="a")] == ["on-a"]
+    assert claims.claim_expired(catalog, now, host="a") == []  # claimed, and b's is not a's
+    assert [r.task_id for r in claims.claim_expired(catalog, now, host="b")] == ["on-b"]
     placements.lose("b", "e1")  # a lost host's tasks are no longer placed on it
     assert catalog.tasks(host="b") == []

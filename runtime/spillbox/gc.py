@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from spillbox import metrics
-from spillbox.catalog import Catalog
+from spillbox.catalog import Catalog, claims
 from spillbox.config import Settings
 from spillbox.retention import due_for_deletion
 from spillbox.sandbox.base import SandboxBackend
@@ -84,13 +84,13 @@ def collect(
         for task in catalog.tasks(("closed",), host):
             if _past_keep(harness, task.task_id, now) is None:
                 continue
-            if not dry_run and not catalog.claim_task(task.task_id, now):
+            if not dry_run and not claims.claim_task(catalog, task.task_id, now):
                 continue  # another collector (another host) is removing it
             try:
                 removed.extend(_remove_task(harness, task.task_id, now, dry_run))
             finally:
                 if not dry_run:
-                    catalog.release_task(task.task_id)
+                    claims.release_task(catalog, task.task_id)
         known = {task.task_id for task in catalog.tasks(host=host)}
         # A closed task keeps its storage until retention says otherwise, but needs no
         # container: reopening it starts a new one over the same payloads. A container is
@@ -116,9 +116,9 @@ def _expired(
     """The expired artifacts to delete: in a dry run all of them; otherwise those this
     collector claimed, batch after batch, until none is left unclaimed."""
     if dry_run:
-        yield from catalog.expired(now, host)
+        yield from claims.expired(catalog, now, host)
         return
-    while batch := catalog.claim_expired(now, host=host):
+    while batch := claims.claim_expired(catalog, now, host=host):
         yield from batch
 
 

@@ -4,8 +4,8 @@ default, or in Postgres shared by several harness hosts (SPILLBOX_CATALOG_URL).
 One schema and one migration history for both (SQLAlchemy Core, Alembic revisions in
 migrations/versions/), applied once under a lock when a catalog is opened. A deleted
 artifact keeps its row as a tombstone, so a later read says when and why it went. Garbage
-collection claims its work (claim_expired, claim_task), so that two hosts never delete the
-same thing.
+collection claims its work (catalog/claims.py), so that two hosts never delete the same
+thing.
 
     catalog = Catalog(Path("~/.spillbox").expanduser())        # <home>/catalog.sqlite3
     catalog = Catalog(home, url="postgresql://spillbox@db/spillbox")
@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Select, Table, bindparam, case, func, insert, or_, select, tuple_, update
+from sqlalchemy import Select, Table, bindparam, case, func, insert, or_, select, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import BindParameter
@@ -45,16 +45,11 @@ from spillbox.types import AccessEntry, ArtifactRow, TaskRow
 if TYPE_CHECKING:
     from sqlalchemy.dialects import postgresql
 
-__all__ = ["CATALOG_FILE", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_CLAIM_LEASE", "Action", "Catalog"]
+__all__ = ["CATALOG_FILE", "DEFAULT_BUSY_TIMEOUT", "Action", "Catalog"]
 
 CATALOG_FILE = "catalog.sqlite3"
 DEFAULT_BUSY_TIMEOUT = 10.0
 """How long a writer waits for another process's lock before a clear error."""
-DEFAULT_CLAIM_LEASE = 600.0
-"""How long a collector's claim holds: one that dies lets go of its work after this."""
-CLAIM_BATCH = 100
-"""How many expired artifacts a collector claims at a time."""
-
 Action = Literal[
     "offload",
     "redact",
@@ -73,12 +68,6 @@ _KEY = (artifacts.c.task_id == bindparam("key_task")) & (
     artifacts.c.artifact_id == bindparam("key_artifact")
 )
 _LIVE = artifacts.c.state == "live"
-_EXPIRED = (
-    _LIVE,
-    artifacts.c.pinned == 0,
-    artifacts.c.expires_at.is_not(None),
-    artifacts.c.expires_at <= bindparam("now"),
-)
 _SELECT_TASK = select(*TASK_COLUMNS).where(tasks.c.task_id == bindparam("task_id"))
 _SELECT_TASK_FOR_UPDATE = _SELECT_TASK.with_for_update()
 _REOPEN_TASK = (
@@ -169,53 +158,6 @@ def _on_host(task_id: Any) -> Any:
     return task_id.in_(placed)
 
 
-@cache
-def _expired_rows(on_host: bool) -> Select[Any]:
-    where = (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
-    return select(*ARTIFACT_COLUMNS).where(*where).order_by(artifacts.c.expires_at)
-
-
-@cache
-def _claim_expired(on_host: bool) -> Any:
-    """Claim a batch of expired artifacts no other collector holds (on_host: of the tasks
-    placed on one host only)."""
-    where = (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
-    return (
-        update(artifacts)
-        .where(
-            tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(
-                select(artifacts.c.task_id, artifacts.c.artifact_id)
-                .where(
-                    *where,
-                    or_(
-                        artifacts.c.claimed_until.is_(None),
-                        artifacts.c.claimed_until <= bindparam("now"),
-                    ),
-                )
-                .order_by(artifacts.c.expires_at)
-                .limit(bindparam("limit"))
-                .with_for_update(skip_locked=True)
-            )
-        )
-        .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
-        .returning(*ARTIFACT_COLUMNS)
-    )
-
-
-_CLAIM_TASK = (
-    update(tasks)
-    .where(
-        tasks.c.task_id == bindparam("key_task"),
-        tasks.c.state == "closed",
-        or_(tasks.c.claimed_until.is_(None), tasks.c.claimed_until <= bindparam("now")),
-    )
-    .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
-)
-_RELEASE_TASK = (
-    update(tasks)
-    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.claimed_by == bindparam("holder"))
-    .values(claimed_by=None, claimed_until=None)
-)
 _SELECT_LOG = (
     select(*ACCESS_COLUMNS)
     .where(access_log.c.task_id == bindparam("task_id"))
@@ -256,14 +198,13 @@ class Catalog:
             address = catalog_url(url)
             self.where = address.render_as_string(hide_password=True)
         self.engine = make_engine(address, busy_timeout)
-        self._db = Database(self.engine, self.where, busy_timeout)
-        self.db = self._db
-        """The statements' runner, for the catalog's other tables (catalog.placements)."""
+        self.db = Database(self.engine, self.where, busy_timeout)
+        """The statements' runner, also for the catalog's other modules (claims, calls)."""
         dialect = self.engine.dialect.name
         self._upsert_task = _upsert(dialect, tasks, ("task_id",))
         self._insert_artifact = _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
         try:
-            with self._db.errors("migrating the schema"):
+            with self.db.errors("migrating the schema"):
                 self.migrated = migrate.upgrade(self.engine, self.where)
                 """Whether opening this catalog ran migrations (another process may have)."""
         except BaseException:
@@ -271,17 +212,17 @@ class Catalog:
             raise
 
     def close(self) -> None:
-        self._db.close()
+        self.db.close()
 
     def revision(self) -> str | None:
         """The schema's Alembic revision (migrate.head() once opened)."""
-        with self._db.errors("reading the schema version"), self.engine.connect() as conn:
+        with self.db.errors("reading the schema version"), self.engine.connect() as conn:
             return migrate.current(conn)
 
     # Tasks
 
     def task(self, task_id: str) -> TaskRow | None:
-        rows = self._db.rows("reading a task", _SELECT_TASK, {"task_id": task_id})
+        rows = self.db.rows("reading a task", _SELECT_TASK, {"task_id": task_id})
         return TaskRow(**rows[0]) if rows else None
 
     def known_task(self, task_id: str, deleted_too: bool = False) -> TaskRow:
@@ -298,13 +239,13 @@ class Catalog:
     ) -> list[TaskRow]:
         """The tasks in these states; host: only those placed on that cluster host."""
         statement = _list_tasks(tuple(states), host is not None)
-        rows = self._db.rows("listing tasks", statement, _host(host))
+        rows = self.db.rows("listing tasks", statement, _host(host))
         return [TaskRow(**row) for row in rows]
 
     def open_task(self, task_id: str, retention: str) -> TaskRow:
         """Register a task on first use; a later use with another policy records the change."""
         now = time.time()
-        with self._db.transaction("opening a task") as tx:
+        with self.db.transaction("opening a task") as tx:
             found = tx.rows(_SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not found or found[0]["state"] == "deleted":
                 values = {
@@ -330,12 +271,12 @@ class Catalog:
         """Close a task, or re-close a closed one with a new deadline (a removal that a
         pin held back clears it, so collection does not retry the removal on every run)."""
         args = {"key_task": task_id, "at": time.time(), "delete_after": delete_after}
-        with self._db.transaction("closing a task") as tx:
+        with self.db.transaction("closing a task") as tx:
             tx.execute(_CLOSE_TASK, args)
 
     def mark_task_deleted(self, task_id: str, by: str) -> None:
         args = {"key_task": task_id, "at": time.time(), "by": by}
-        with self._db.transaction("deleting a task") as tx:
+        with self.db.transaction("deleting a task") as tx:
             tx.execute(_TASK_DELETED, args)
 
     # Artifacts
@@ -351,7 +292,7 @@ class Catalog:
         values["pinned"] = int(row.pinned)
         if row.tokens_exact is not None:
             values["tokens_exact"] = int(row.tokens_exact)
-        with self._db.transaction("recording an artifact") as tx:
+        with self.db.transaction("recording an artifact") as tx:
             if not tx.execute(self._insert_artifact, {**values, **_CLAIMS}):
                 return False
             _log(tx, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
@@ -362,11 +303,11 @@ class Catalog:
     def id_taken(self, task_id: str, artifact_id: str) -> bool:
         """Whether the task has (or had: tombstones count) an artifact of this id."""
         args = {"task_id": task_id, "ref": artifact_id}
-        return bool(self._db.rows("checking an artifact id", _ID_TAKEN, args))
+        return bool(self.db.rows("checking an artifact id", _ID_TAKEN, args))
 
     def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
         statement = _LIST_ALL if include_deleted else _LIST_LIVE
-        rows = self._db.rows("listing artifacts", statement, {"task_id": task_id})
+        rows = self.db.rows("listing artifacts", statement, {"task_id": task_id})
         return [_artifact(row) for row in rows]
 
     def find(self, task_id: str, ref: str) -> ArtifactRow | None:
@@ -382,7 +323,7 @@ class Catalog:
         Within a rule, a live artifact before a tombstone, then the newest (a call id a
         model used again)."""
         args = {"task_id": task_id, "ref": ref, "base": ref.rsplit("/", 1)[-1]}
-        rows = self._db.rows("finding an artifact", _FIND, args)
+        rows = self.db.rows("finding an artifact", _FIND, args)
         return _artifact(rows[0]) if rows else None
 
     def accessed(
@@ -402,13 +343,13 @@ class Catalog:
             "at": time.time(),
             "expires_at": expires_at,
         }
-        with self._db.transaction("recording an access") as tx:
+        with self.db.transaction("recording an access") as tx:
             tx.execute(_TOUCH, args)
             _log(tx, task_id, artifact_id, action, actor, detail)
 
     def set_pinned(self, task_id: str, artifact_id: str, pinned: bool, actor: str) -> None:
         args = {"key_task": task_id, "key_artifact": artifact_id, "pinned": int(pinned)}
-        with self._db.transaction("pinning an artifact") as tx:
+        with self.db.transaction("pinning an artifact") as tx:
             tx.execute(_PIN, args)
             _log(tx, task_id, artifact_id, "pin" if pinned else "unpin", actor, "")
 
@@ -416,7 +357,7 @@ class Catalog:
         """Mark an artifact deleted, unless pinned; False if it was pinned or already gone
         (the one conditional update that two collectors cannot both win)."""
         args = {"key_task": task_id, "key_artifact": artifact_id, "at": time.time(), "by": by}
-        with self._db.transaction("deleting an artifact") as tx:
+        with self.db.transaction("deleting an artifact") as tx:
             changed = tx.execute(_TOMBSTONE, args)
             if changed:
                 _log(tx, task_id, artifact_id, "delete", "retention", by)
@@ -425,59 +366,19 @@ class Catalog:
     def identical(self, task_id: str, sha256: str, size: int) -> ArtifactRow | None:
         """A live artifact of the task with exactly these bytes (by digest and size)."""
         args = {"task_id": task_id, "sha256": sha256, "bytes": size}
-        rows = self._db.rows("finding an identical artifact", _SELECT_IDENTICAL, args)
+        rows = self.db.rows("finding an identical artifact", _SELECT_IDENTICAL, args)
         return _artifact(rows[0]) if rows else None
-
-    def expired(self, now: float, host: str | None = None) -> list[ArtifactRow]:
-        """Every live, unpinned artifact past its expiry (claimed or not: a dry run's list);
-        host: only those of tasks placed on that cluster host."""
-        statement = _expired_rows(host is not None)
-        args = {"now": now, **_host(host)}
-        rows = self._db.rows("finding expired artifacts", statement, args)
-        return [_artifact(row) for row in rows]
-
-    # Collection's claims: on Postgres, SELECT ... FOR UPDATE SKIP LOCKED lets collectors
-    # on several hosts take disjoint batches without waiting for each other; on SQLite
-    # (which has no FOR UPDATE) the write lock serialises the claims, and a file lock in
-    # the home already serialises its collectors.
-
-    def claim_expired(
-        self,
-        now: float,
-        lease: float = DEFAULT_CLAIM_LEASE,
-        limit: int = CLAIM_BATCH,
-        host: str | None = None,
-    ) -> list[ArtifactRow]:
-        """Claim up to `limit` expired artifacts that no other collector holds; oldest
-        expiry first. A claim lasts `lease` seconds: the tombstone ends the artifact's.
-        host: only those of tasks placed on that cluster host."""
-        args = {"now": now, "limit": limit, "holder": self.holder, "until": now + lease}
-        statement = _claim_expired(host is not None)
-        with self._db.transaction("claiming expired artifacts") as tx:
-            rows = [_artifact(row) for row in tx.rows(statement, {**args, **_host(host)})]
-        return sorted(rows, key=lambda row: (row.expires_at or 0, row.task_id, row.artifact_id))
-
-    def claim_task(self, task_id: str, now: float, lease: float = DEFAULT_CLAIM_LEASE) -> bool:
-        """Claim a closed task for removal; False if another collector holds it."""
-        args = {"key_task": task_id, "now": now, "holder": self.holder, "until": now + lease}
-        with self._db.transaction("claiming a task") as tx:
-            return bool(tx.execute(_CLAIM_TASK, args))
-
-    def release_task(self, task_id: str) -> None:
-        """Let go of this collector's claim on a task (kept or removed)."""
-        with self._db.transaction("releasing a task") as tx:
-            tx.execute(_RELEASE_TASK, {"key_task": task_id, "holder": self.holder})
 
     # The access log
 
     def log(
         self, task_id: str, artifact_id: str | None, action: Action, actor: str, detail: str = ""
     ) -> None:
-        with self._db.transaction("writing the access log") as tx:
+        with self.db.transaction("writing the access log") as tx:
             _log(tx, task_id, artifact_id, action, actor, detail)
 
     def audit(self, task_id: str) -> list[AccessEntry]:
-        rows = self._db.rows("reading the access log", _SELECT_LOG, {"task_id": task_id})
+        rows = self.db.rows("reading the access log", _SELECT_LOG, {"task_id": task_id})
         return [AccessEntry(**row) for row in rows]
 
 
