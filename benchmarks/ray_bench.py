@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 TARGET_ADDED_MS = 3.0
 THREADS = 6
 WARM_SEED = 90_000
-"""The warm-up payload's seed, apart from every timed run's (0, 10,000, 20,000 and on): the
+"""The warm-up payload's seed, apart from every timed run's (10,000, 20,000 and on): the
 same bytes again are stored once, so a timed c0 equal to w had no table of its own."""
 PAYLOAD_BYTES = 32 * KB
 """Each timed result: about 7,500 tokens, over the gate's 6,000, so it is offloaded (16 KB,
@@ -50,45 +50,62 @@ def _percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, p99 * 1000
 
 
-def _latency(task: Any, runs: int, seed: int) -> tuple[float, float]:
+def _latency(tasks: dict[str, Any], runs: int) -> dict[str, tuple[float, ...]]:
+    """Per task: admit + exec p50 and p99, then the admit's and the exec's own p50; the
+    tasks take turns run by run (the first of each round rotating), so that the machine's
+    load moves every row alike."""
     from spillbox import ToolResult
 
-    samples = []
+    samples: dict[str, list[tuple[float, float]]] = {row: [] for row in tasks}
+    rows = list(tasks)
     for i in range(runs):
-        payload = common.pull_requests(PAYLOAD_BYTES, seed=seed + i)
-        started = time.perf_counter()
-        [admitted] = task.admit([ToolResult(call_id=f"c{i}", tool="list_prs", content=payload)])
-        counted = task.exec("sql", f"SELECT count(*) FROM c{i}")
-        samples.append(time.perf_counter() - started)
-        _check(admitted, counted)
-    return _percentiles(samples)
+        for row in rows[i % len(rows) :] + rows[: i % len(rows)]:
+            seed = 10_000 * (rows.index(row) + 1) + i  # distinct bytes in every run
+            payload = common.pull_requests(PAYLOAD_BYTES, seed=seed)
+            task = tasks[row]
+            started = time.perf_counter()
+            result = ToolResult(call_id=f"c{i}", tool="list_prs", content=payload)
+            [admitted] = task.admit([result])
+            between = time.perf_counter()
+            counted = task.exec("sql", f"SELECT count(*) FROM c{i}")
+            ended = time.perf_counter()
+            samples[row].append((ended - started, between - started))
+            _check(admitted, counted)
+    results = {}
+    for row, taken in samples.items():
+        admits = [admit for _, admit in taken]
+        execs = [total - admit for total, admit in taken]
+        parts = (statistics.median(admits) * 1000, statistics.median(execs) * 1000)
+        results[row] = (*_percentiles([total for total, _ in taken]), *parts)
+    return results
 
 
 def _calls(task: Any, seed: int) -> dict[str, int]:
-    """The actor calls one admit + exec makes, by method (blocking ones, then `send:`)."""
+    """The actor calls one admit + exec makes, by method: those answered (asked, the answer
+    awaited at some point), then those sent with no answer (`send:`)."""
     from collections import Counter
 
     from spillbox import ToolResult
     from spillbox.sandbox.ray.link import HostLink
 
     counted: Counter[str] = Counter()
-    call, send = HostLink.call, HostLink.send
+    ask, send = HostLink.ask, HostLink.send  # every call, take and stage starts with ask
 
-    def counting_call(link: HostLink, method: str, *args: Any) -> Any:
+    def counting_ask(link: HostLink, method: str, *args: Any) -> Any:
         counted[method] += 1
-        return call(link, method, *args)
+        return ask(link, method, *args)
 
     def counting_send(link: HostLink, method: str, *args: Any) -> None:
         counted[f"send:{method}"] += 1
         send(link, method, *args)
 
-    HostLink.call, HostLink.send = counting_call, counting_send  # type: ignore[method-assign]
+    HostLink.ask, HostLink.send = counting_ask, counting_send  # type: ignore[method-assign]
     try:
         payload = common.pull_requests(PAYLOAD_BYTES, seed=seed)
         [admitted] = task.admit([ToolResult(call_id="counted", tool="list_prs", content=payload)])
         _check(admitted, task.exec("sql", "SELECT count(*) FROM counted"))
     finally:
-        HostLink.call, HostLink.send = call, send  # type: ignore[method-assign]
+        HostLink.ask, HostLink.send = ask, send  # type: ignore[method-assign]
     return dict(counted)
 
 
@@ -181,11 +198,11 @@ def run(quick: bool) -> dict[str, Any]:
     from spillbox.sandbox.ray.host import HostSettings
     from spillbox.sandbox.ray.start import start_host
 
-    runs, tasks = (10, 12) if quick else (200, 90)
+    runs, tasks_per_round = (10, 12) if quick else (200, 90)
     binaries = binaries_found()
     assert binaries is not None, "PostgreSQL is not installed: run scripts/ensure-postgres.sh"
     ensure_image(docker.from_env())
-    results: dict[str, Any] = {"runs": runs, "tasks": tasks}
+    results: dict[str, Any] = {"runs": runs, "tasks": tasks_per_round}
     with running_postgres(binaries) as server, tempfile.TemporaryDirectory() as client:
         db = f"bench_{uuid.uuid4().hex[:8]}"
         server.admin(f'CREATE DATABASE "{db}"')
@@ -196,43 +213,41 @@ def run(quick: bool) -> dict[str, Any]:
                 for name in ("a", "b"):
                     host = HostSettings(name, str(cluster.homes[name]), url)
                     start_host(host, node_id=node_id(name))
-                with Harness(
-                    cluster=cluster.address, catalog_url=url, home=client, environ={}
-                ) as harness:
-                    here, there = harness.task("lat-here"), harness.task("lat-there")
-                    for task in (here, there):  # start both sandboxes before timing
-                        _warm(task)
-                    results["cluster, the driver's node"] = _latency(here, runs, 0)
-                    results["cluster, another node"] = _latency(there, runs, 10_000)
-                    results["no-op actor call, another node"] = _noop("b", runs)
-                    results["calls"] = _calls(there, 30_000)
-                    here.close(delete=True)
-                    there.close(delete=True)
-                    results.update(_rounds(harness, cluster, url, tasks))
                 alone_db = f"alone_{uuid.uuid4().hex[:8]}"
                 server.admin(f'CREATE DATABASE "{alone_db}"')
-                for row, catalog_url, seed in (
-                    (_LATENCY[0], None, 20_000),
-                    (_ON_POSTGRES, server.url(alone_db), 40_000),
+                with (
+                    Harness(
+                        cluster=cluster.address, catalog_url=url, home=client, environ={}
+                    ) as harness,
+                    _alone(Path(client) / "alone", None) as alone,
+                    _alone(Path(client) / "alone-pg", server.url(alone_db)) as alone_pg,
                 ):
-                    with (
-                        Harness(
-                            sandbox="docker",
-                            home=Path(client) / f"alone-{seed}",
-                            catalog_url=catalog_url,
-                            environ={},
-                            gc_interval=-1,
-                        ) as alone,
-                        alone.task("lat-alone") as task,
-                    ):
+                    tasks = {
+                        _LATENCY[1]: harness.task("lat-here"),
+                        _LATENCY[2]: harness.task("lat-there"),
+                        _LATENCY[0]: alone.task("lat-alone"),
+                        _ON_POSTGRES: alone_pg.task("lat-alone-pg"),
+                    }
+                    for task in tasks.values():  # start every sandbox before timing
                         _warm(task)
-                        results[row] = _latency(task, runs, seed)
+                    results.update(_latency(tasks, runs))
+                    results["no-op actor call, another node"] = _noop("b", runs)
+                    results["calls"] = _calls(tasks[_LATENCY[2]], 90_001)
+                    for task in tasks.values():
                         task.close(delete=True)
+                    results.update(_rounds(harness, cluster, url, tasks_per_round))
             finally:
                 ray.shutdown()
                 for home in cluster.homes.values():
                     cleanup_home(home)
     return results
+
+
+def _alone(home: Path, catalog_url: str | None) -> Any:
+    """A harness on this machine alone (no cluster), on the same Docker engine."""
+    from spillbox import Harness
+
+    return Harness(sandbox="docker", home=home, catalog_url=catalog_url, environ={}, gc_interval=-1)
 
 
 _ON_POSTGRES = "one machine, no cluster, Postgres catalog"
@@ -244,8 +259,9 @@ def markdown(results: dict[str, Any]) -> str:
     floor = r[_LATENCY[0]][0]
     pg = r[_ON_POSTGRES][0]
     rows = [
-        f"| {name} | {r[name][0]:.1f} ms | {r[name][1]:.1f} ms | {r[name][0] / floor:.2f} "
-        f"| {r[name][0] - floor:+.1f} ms | {r[name][0] - pg:+.1f} ms |"
+        f"| {name} | {r[name][0]:.1f} ms | {r[name][1]:.1f} ms | {r[name][2]:.1f} ms "
+        f"| {r[name][3]:.1f} ms | {r[name][0] / floor:.2f} | {r[name][0] - floor:+.1f} ms "
+        f"| {r[name][0] - pg:+.1f} ms |"
         for name in (_LATENCY[0], _ON_POSTGRES, *_LATENCY[1:])
     ]
     rates = [f"| {n} | {r[f'tasks/s, {n} hosts']:.1f} |" for n in (1, 2, 3)]
@@ -254,15 +270,16 @@ def markdown(results: dict[str, Any]) -> str:
     added = r[_LATENCY[2]][0] - floor
     return "\n".join(
         [
-            "| where the task lives | admit + exec p50 | p99 | ratio to one machine | added "
-            "| added, against one machine on Postgres |",
-            "|---|---|---|---|---|---|",
+            "| where the task lives | admit + exec p50 | p99 | admit p50 | exec p50 "
+            "| ratio to one machine | added | added, against one machine on Postgres |",
+            "|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"{r['runs']} runs each: one offloaded 32 KB result, then `SELECT count(*)` over "
-            "it; each payload distinct (no de-duplication). A cluster's catalog is Postgres, "
-            "one machine's is SQLite unless told otherwise: the Postgres row is the "
-            f"like-for-like floor ({pg - floor:+.1f} ms of the cluster's added time is the "
+            f"{r['runs']} runs each, the four tasks taking turns: one offloaded 32 KB result, "
+            "then `SELECT count(*)` over it; each payload distinct (no de-duplication). A "
+            "cluster's catalog is Postgres, one machine's is SQLite unless told otherwise: "
+            f"the Postgres row is the like-for-like floor ({pg - floor:+.1f} ms of the cluster's "
+            "added time is the "
             "catalog's, not the cluster's).",
             "",
             f"Where the time goes: one admit + exec on another node makes {blocking} blocking "
