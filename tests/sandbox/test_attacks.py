@@ -642,17 +642,34 @@ sleep 60
 def test_a_script_that_outlives_its_timeout_is_killed_with_its_children(task: Task) -> None:
     # The script waits for its four escapes to start, then outlives its timeout; the
     # timeout leaves a loaded machine (gVisor beside two other workers) time to start them.
+    task.exec("sh", "true")
+    before = container_id(task)
     result = task.exec("sh", ESCAPES, timeout=6)
     assert result.timed_out
     assert result.exit_code != 0
     escaped = task.exec("sh", "cd /sandbox/work && echo escaped-*").text.split()
-    assert escaped == [  # every escape did start, so their absence below means they were killed
-        "escaped-double-fork",
-        "escaped-nohup",
-        "escaped-setsid",
-        "escaped-subshell",
-    ]
+    if container_id(task) != before:
+        # KILLED_AFTER_GRACE (outcome.py): the runner's kill had not closed the output by
+        # the host's last deadline (seen under gVisor on a loaded machine), so the host
+        # restarted the sandbox, which ends every process in it and empties its tmpfs.
+        assert result.exit_code == 137, result
+        assert escaped == ["escaped-*"]
+    else:
+        assert escaped == [  # every escape started: their absence below means they were killed
+            "escaped-double-fork",
+            "escaped-nohup",
+            "escaped-setsid",
+            "escaped-subshell",
+        ], f"not every escape started within the 6 s timeout (load-dependent): {result}"
     assert script_leftovers(task) == []
+
+
+def container_id(task: Task) -> str:
+    """The id of the container the task's calls run in now (a restart of a pool slot's
+    makes a new one; of a task's own, restarts it: its StartedAt changes)."""
+    container = task.harness.backend.container(task.storage)  # type: ignore[attr-defined]
+    container.reload()
+    return f"{container.id} {container.attrs['State']['StartedAt']}"
 
 
 def test_a_plain_sleep_past_its_timeout_is_killed(task: Task) -> None:

@@ -50,7 +50,7 @@ def test_tag_changes_when_an_image_file_changes(images_copy: Path) -> None:
 def test_tag_ignores_python_caches(images_copy: Path) -> None:
     before = image.image_tag()
     cache = images_copy / "sandbox" / "runtime" / "__pycache__"
-    cache.mkdir()
+    cache.mkdir(exist_ok=True)  # there already where the runtime's modules were imported
     (cache / "x.cpython-311.pyc").write_bytes(b"\0")
     assert image.image_tag() == before
 

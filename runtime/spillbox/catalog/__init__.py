@@ -50,6 +50,7 @@ __all__ = ["CATALOG_FILE", "DEFAULT_BUSY_TIMEOUT", "Action", "Catalog"]
 CATALOG_FILE = "catalog.sqlite3"
 DEFAULT_BUSY_TIMEOUT = 10.0
 """How long a writer waits for another process's lock before a clear error."""
+
 Action = Literal[
     "offload",
     "redact",
