@@ -649,11 +649,12 @@ def test_a_script_that_outlives_its_timeout_is_killed_with_its_children(task: Ta
     assert result.exit_code != 0
     escaped = task.exec("sh", "cd /sandbox/work && echo escaped-*").text.split()
     if container_id(task) != before:
-        # KILLED_AFTER_GRACE (outcome.py): the runner's kill had not closed the output by
-        # the host's last deadline (seen under gVisor on a loaded machine), so the host
-        # restarted the sandbox, which ends every process in it and empties its tmpfs.
-        assert result.exit_code == 137, result
-        assert escaped == ["escaped-*"]
+        # The sandbox was restarted after the timeout (outcome.py): by the host, when the
+        # runner's kill had not closed the output by its last deadline, or, seen under
+        # gVisor in CI (exit 124), after a sandbox that stopped once the runner had swept,
+        # which the next exec found and restarted. Either ends every process in it and
+        # empties its tmpfs: the escapes' files went with them.
+        assert escaped == ["escaped-*"], result
     else:
         assert escaped == [  # every escape started: their absence below means they were killed
             "escaped-double-fork",
