@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Select, bindparam, or_, select, tuple_, update
+from sqlalchemy import Select, Table, bindparam, or_, select, tuple_, update
 
 from spillbox.catalog import _LIVE, Catalog, _artifact, _host, _on_host
 from spillbox.catalog.schema import ARTIFACT_COLUMNS, artifacts, tasks
@@ -40,13 +40,16 @@ _EXPIRED = (
     artifacts.c.expires_at.is_not(None),
     artifacts.c.expires_at <= bindparam("now"),
 )
+
+
+def _unclaimed(table: Table) -> Any:
+    """A row no collector holds: never claimed, or its claim's lease ran out by "now"."""
+    return or_(table.c.claimed_until.is_(None), table.c.claimed_until <= bindparam("now"))
+
+
 _CLAIM_TASK = (
     update(tasks)
-    .where(
-        tasks.c.task_id == bindparam("key_task"),
-        tasks.c.state == "closed",
-        or_(tasks.c.claimed_until.is_(None), tasks.c.claimed_until <= bindparam("now")),
-    )
+    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.state == "closed", _unclaimed(tasks))
     .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
 )
 _RELEASE_TASK = (
@@ -96,9 +99,14 @@ def release_task(catalog: Catalog, task_id: str) -> None:
         tx.execute(_RELEASE_TASK, {"key_task": task_id, "holder": catalog.holder})
 
 
+def _expired_where(on_host: bool) -> tuple[Any, ...]:
+    """Live, unpinned and past expiry (on_host: of the tasks placed on one host only)."""
+    return (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
+
+
 @cache
 def _expired_rows(on_host: bool) -> Select[Any]:
-    where = (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
+    where = _expired_where(on_host)
     return select(*ARTIFACT_COLUMNS).where(*where).order_by(artifacts.c.expires_at)
 
 
@@ -106,19 +114,12 @@ def _expired_rows(on_host: bool) -> Select[Any]:
 def _claim_expired(on_host: bool) -> Any:
     """Claim a batch of expired artifacts no other collector holds (on_host: of the tasks
     placed on one host only)."""
-    where = (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
     return (
         update(artifacts)
         .where(
             tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(
                 select(artifacts.c.task_id, artifacts.c.artifact_id)
-                .where(
-                    *where,
-                    or_(
-                        artifacts.c.claimed_until.is_(None),
-                        artifacts.c.claimed_until <= bindparam("now"),
-                    ),
-                )
+                .where(*_expired_where(on_host), _unclaimed(artifacts))
                 .order_by(artifacts.c.expires_at)
                 .limit(bindparam("limit"))
                 .with_for_update(skip_locked=True)
