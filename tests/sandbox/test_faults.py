@@ -19,6 +19,7 @@ import docker
 import pytest
 import requests
 
+from conftest import pooled_task
 from spillbox import Harness, Policy, StorageError, ToolResult
 from spillbox import gc as spillbox_gc
 from spillbox.harness import Task
@@ -200,6 +201,57 @@ def test_a_container_killed_under_a_query_runs_the_query_again_in_a_restarted_on
     assert after.status == "running" and after.attrs["State"]["StartedAt"] != started_at
     assert count_sql(task, "c1") == "50"
     gc.collect()  # as above: a leaked engine socket fails here
+
+
+_OTHER_PROCESS_CALL = """
+import sys
+from spillbox import Harness
+with Harness(sandbox="docker", home=sys.argv[1], gc_interval=-1) as harness:
+    with harness.task(sys.argv[2]) as task:
+        result = task.exec("sh", "ls /sandbox/work; echo other")
+        sys.stdout.write(result.text)
+        sys.stderr.write(result.stderr)
+"""
+
+
+@pytest.mark.parametrize("start", ["cold", "pooled"])
+def test_a_call_after_the_sandbox_stopped_says_its_work_files_are_gone(
+    harness: Harness, start: str
+) -> None:
+    # Seen in stop 33: a script run after the task's container was killed answered from a
+    # restarted sandbox whose /sandbox/work was empty, exit 0, and nothing said so.
+    task = pooled_task(harness, "restarted") if start == "pooled" else harness.task("restarted")
+    offload(task, "c1", prs(50))
+    first = task.exec("sh", "echo kept > /sandbox/work/f; cat /sandbox/work/f")
+    assert (first.text, first.stderr) == ("kept\n", "")
+
+    def kill() -> None:  # the task's container: its own, or the pool slot's it adopted
+        container = harness.backend.container(task.storage)  # type: ignore[attr-defined]
+        container.kill()
+        container.wait()
+
+    kill()
+    after = task.exec("sh", "ls /sandbox/work; echo done")
+    assert (after.exit_code, after.text) == (0, "done\n"), after.stderr
+    assert "files in /sandbox/work and /tmp are gone" in after.stderr
+    assert "payloads in /sandbox/offload are intact" in after.stderr
+    assert count_sql(task, "c1") == "50"
+    assert task.exec("sh", "echo again").stderr == ""  # told once, not at every call
+
+    # A call from another process (the CLI's, say) is told too: the mark is the task's.
+    kill()
+    other = subprocess.run(
+        [sys.executable, "-c", _OTHER_PROCESS_CALL, str(harness.settings.home), task.id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode == 0 and other.stdout == "other\n", other.stderr
+    assert "files in /sandbox/work and /tmp are gone" in other.stderr
+    # That process saw the restart; this one's next call runs in the same sandbox: no note.
+    last = task.exec("sh", "echo last")
+    assert (last.text, last.stderr) == ("last\n", "")
+    task.close(delete=True)
 
 
 def test_a_full_disk_is_a_clear_error_and_no_partial_artifact(tmp_path: Path) -> None:

@@ -115,6 +115,22 @@ def test_an_oom_in_a_session_is_reported_and_the_next_call_is_told(task: Task) -
     assert task.exec("sql", 'SELECT count(*) AS n FROM "before"').text.split() == ["n", "400"]
 
 
+def test_a_sandbox_killed_between_cells_is_told_at_the_next_cell(
+    harness: Harness, task: Task
+) -> None:
+    ok(task, "kept = 1")
+    ok(task, "open('/sandbox/work/f', 'w').write('x')")
+    backend: Any = harness.backend
+    container = backend.container(task.storage)
+    container.kill()
+    container.wait()
+    after = cell(task, "import os; 'kept' in dir(), os.path.exists('/sandbox/work/f')")
+    assert (after.exit_code, after.text) == (0, "(False, False)\n"), after.stderr
+    assert "names defined before are gone" in after.stderr
+    assert "files in /sandbox/work and /tmp are gone" in after.stderr
+    assert cell(task, "kept = 2").stderr == ""
+
+
 def test_concurrent_calls_into_one_session_run_one_at_a_time(task: Task) -> None:
     ok(task, "events = []")
     with ThreadPoolExecutor(2) as pool:

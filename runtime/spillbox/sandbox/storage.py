@@ -54,6 +54,8 @@ WORK_DIR = "work"
 CACHE_DIR = "cache"
 INCOMING_DIR = ".incoming"
 TASK_ID_FILE = "task-id"
+SANDBOX_START_FILE = "sandbox-start"
+"""Which sandbox (container and start) the task's last call ran in, as its backend names it."""
 TASK_FOLDERS = (OFFLOAD_DIR, WORK_DIR, CACHE_DIR, INCOMING_DIR)
 """The folders of a task's root, made by TaskStorage.ensure (or ahead of the task, by lay_out)."""
 
@@ -339,6 +341,24 @@ class TaskStorage:
     def unless_open(self) -> AbstractContextManager[bool]:
         """See unless_open: True while no process has the task open."""
         return unless_open(self)
+
+    def swap_sandbox_start(self, start: str) -> str | None:
+        """Record the sandbox the task's calls run in now; return the one recorded before
+        (None: no call yet). Kept on the host, so a restart between two calls made by
+        different processes (the CLI's) is seen too."""
+        mark = self.root / SANDBOX_START_FILE
+        try:
+            before = mark.read_text("utf-8")
+        except OSError:
+            before = None
+        if before != start:
+            tmp = mark.with_name(f".{SANDBOX_START_FILE}.{os.getpid()}.{threading.get_ident()}")
+            try:
+                tmp.write_text(start, "utf-8")
+                os.replace(tmp, mark)  # whole or not at all: a reader never sees half of it
+            except OSError:  # not recorded (a full disk): the next call may note it again
+                tmp.unlink(missing_ok=True)
+        return before
 
     def locked(self) -> AbstractContextManager[None]:
         """The task's lock, for what must not interleave across processes (quota decisions)."""

@@ -124,6 +124,7 @@ class DockerBackend(SandboxBackend):
                     client=lambda: self.client,
                     provide=partial(self.containers.find_or_create, storage),
                     max_output_bytes=self.options.max_output_bytes,
+                    swap_start=storage.swap_sandbox_start,
                 )
         return sandbox
 

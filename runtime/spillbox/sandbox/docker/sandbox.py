@@ -39,7 +39,7 @@ from spillbox.sandbox.docker.state import stopped_under
 from spillbox.sandbox.docker.stream import GaveUp, SandboxDied
 from spillbox.sandbox.docker.takeout import take_outputs
 from spillbox.sandbox.docker_errors import DOCKER_FAILURES, best_effort, docker_errors
-from spillbox.types import ExecRequest, RawExec, SessionCall
+from spillbox.types import ExecRequest, RawExec
 
 PREPARE_AFTER_SECONDS = 1.0
 """How long after the container is up the session starts if no exec came (one that comes
@@ -47,9 +47,11 @@ sooner is waited for: the session's start would compete with it for the CPU)."""
 PREPARE_SECONDS = 60.0
 """How long the session's start ahead of the first cell may take (seconds on a loaded
 machine: the server imports duckdb, pyarrow and jq)."""
-SESSION_RESTARTED_NOTE = (
-    b"spillbox: the sandbox restarted since this task's last Python session call: this call "
-    b"runs in a new, empty session; names defined before are gone\n"
+RESTARTED_NOTE = (
+    b"spillbox: this task's sandbox started again since its last call (it had stopped: the "
+    b"task closed, out of memory, killed, or its engine restarted): its Python session is new "
+    b"(names defined before are gone) and files in /sandbox/work and /tmp are gone; the "
+    b"payloads in /sandbox/offload are intact\n"
 )
 
 
@@ -69,6 +71,7 @@ class TaskSandbox:
         client: Callable[[], docker.DockerClient],
         provide: Callable[[], Any],
         max_output_bytes: int,
+        swap_start: Callable[[str], str | None],
     ) -> None:
         self.task_id = task_id
         self._client = client
@@ -90,9 +93,9 @@ class TaskSandbox:
         self._cells = Idle(self._opener(SessionChannel))
         self._engines = Idle(self._opener(SqlChannel))
         self.tables = TablePreload(self._engines, self._up)
-        self._session_in: str | None = None
-        """The container (and start) of this process's last session call: in another, or
-        after a restart, the session is new."""
+        self._swap_start = swap_start
+        """Records the container (and start) a call ran in, and returns the last call's: in
+        another, or after a restart, the call's work files and session are new."""
 
     @property
     def client(self) -> docker.DockerClient:
@@ -225,15 +228,16 @@ class TaskSandbox:
         container = self.ready()
         with docker_errors(f"running a script in task {self.task_id!r}"):
             try:
-                return self._run(container, request)
+                return self._noted(container, self._run(container, request))
             except NeverStarted:
                 pass
             except DOCKER_FAILURES as failure:
                 if not stopped_under(failure, container, self.client):
                     raise
             self.forget()
+            container = self.container()
             try:
-                return self._run(self.container(), request)
+                return self._noted(container, self._run(container, request))
             except NeverStarted:
                 raise SandboxError(
                     f"the sandbox of task {self.task_id!r} stopped again before the script "
@@ -241,26 +245,32 @@ class TaskSandbox:
                     retryable=True,
                 ) from None
 
+    def _noted(self, container: Any, ran: RawExec) -> RawExec:
+        """The call's answer, told on stderr when the sandbox it ran in is not the one the
+        task's last call ran in: what that call left in /sandbox/work is gone."""
+        start = _started(container)
+        before = self._swap_start(start)
+        if before in (None, start):
+            return ran
+        # Another process may have restarted it under this one's cached inspection: ask.
+        best_effort(container.reload, None)
+        if (now := _started(container)) != start:
+            self._swap_start(now)
+        if before == now:
+            return ran
+        return replace(ran, stderr=RESTARTED_NOTE + ran.stderr)
+
     def _run(self, container: Any, request: ExecRequest) -> RawExec:
         code, timeout = request.code, request.timeout
         if request.lang == "sql":
             limits = (timeout, self._max_output_bytes)
             return run_query(self._engines, self.client, container, code, limits, self.forget)
         if request.session is not None:
-            return self._cell(container, request.session, code, timeout)
+            mode = "run" if request.session == "keep" else "reset"
+            cell = {"mode": mode, "code": code, "timeout": timeout}
+            return self._script(self._cells, container, cell, timeout, SESSION_USER)
         script = {"lang": request.lang, "code": code, "timeout": timeout}
         return self._script(self._scripts, container, script, timeout, SCRIPT_USER)
-
-    def _cell(self, container: Any, session: SessionCall, code: str, timeout: float) -> RawExec:
-        """Run a python cell in the task's session, over the session's kept channel."""
-        started = _started(container)
-        before, self._session_in = self._session_in, started
-        mode = "run" if session == "keep" else "reset"
-        request = {"mode": mode, "code": code, "timeout": timeout}
-        ran = self._script(self._cells, container, request, timeout, SESSION_USER)
-        if session == "keep" and before not in (None, started):
-            ran = replace(ran, stderr=SESSION_RESTARTED_NOTE + ran.stderr)
-        return ran
 
     def _script(
         self, channels: Idle[C], container: Any, request: dict[str, Any], timeout: float, user: str
