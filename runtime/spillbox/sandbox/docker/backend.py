@@ -137,7 +137,7 @@ class DockerBackend(SandboxBackend):
         # while a script ran died in 3 of 4 runs of test_file_commands' coreutils script:
         # there the tables load at their first query, as before the background load.
         if not self.options.gvisor:
-            sandbox.tables.request(storage.names())
+            sandbox.tables.request(storage.offload)
 
     def container(self, storage: TaskStorage) -> Any:
         """The task's running container: found by label, started, or created."""
