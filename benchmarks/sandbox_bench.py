@@ -46,9 +46,13 @@ times on a shared 2-core machine are noisy):
    task of its own: the first query over the records sent right after the offload (it waits
    for their parse: the engine's background load, or its own), and a warm one, through the
    records table the notice's hint names ("c1/items"). And the first query asked
-   READING_SECONDS after the offload (the model reading the notice) against the warm one:
-   the background load has parsed it by then. Targets: first and warm at most 1.5x the
-   bare array's; a query after the pause at most 1.5x a warm one.
+   PRELOAD_READING_SECONDS after the offload (the model reading the notice), against the
+   same query asked warm after the same pause: the background load has parsed it by then,
+   so it waits for no parse. A query after any pause is slower than one right after
+   another (measured at this stop: 5.2-6.3 ms after 5 s idle against 4.7 back to back, its
+   table long loaded), so a back-to-back warm query, also shown, is not its floor. Targets:
+   first and warm at most 1.5x the bare array's; a query after the pause at most 1.5x the
+   warm one after the same pause.
 Payloads are one-line JSON arrays from common.pull_requests, a new seed per repetition so
 that no offload is deduplicated against an earlier one.
 
@@ -441,9 +445,10 @@ def bench_sql(home: Path, artifact_bytes: int, fresh_reps: int, warm_reps: int) 
 
 def _wrapped_queries(
     harness: Harness, name: str, records: str, warm_reps: int, pause: float
-) -> tuple[float, float]:
+) -> tuple[float, float, float | None]:
     """In a new task: the first query over the records, `pause` seconds after their offload,
-    and the median of warm_reps warm ones (seconds)."""
+    the median of warm_reps warm ones, and (after a pause) the same query once more after
+    the same pause, its table surely loaded: what the pause alone costs a query (seconds)."""
     before, after, _ = WRAPPINGS[name]
     query = f"SELECT count(*), max(id) FROM {WRAPPED_TABLES[name]}"
     task = harness.task(f"wrapped-{name.replace(' ', '-')}-{next(_TASK_NUMBERS)}")
@@ -455,9 +460,13 @@ def _wrapped_queries(
         if answer.exit_code != 0 or not answer.text.strip():
             raise RuntimeError(f"the query over the {name} failed: {answer.stderr}")
         warm = [timed(lambda: task.exec("sql", query, timeout=300))[0] for _ in range(warm_reps)]
+        rested = None
+        if pause:
+            time.sleep(pause)
+            rested = timed(lambda: task.exec("sql", query, timeout=300))[0]
     finally:
         task.close(delete=True)
-    return first_s, median_ms(warm) / 1000
+    return first_s, median_ms(warm) / 1000, rested
 
 
 def bench_wrapped_sql(home: Path, artifact_bytes: int, reps: int, warm_reps: int) -> dict[str, Any]:
@@ -467,20 +476,25 @@ def bench_wrapped_sql(home: Path, artifact_bytes: int, reps: int, warm_reps: int
     first: dict[str, list[float]] = {name: [] for name in WRAPPINGS}
     warm: dict[str, list[float]] = {name: [] for name in WRAPPINGS}
     paused: dict[str, list[float]] = {name: [] for name in WRAPPINGS}
+    rested: dict[str, list[float]] = {name: [] for name in WRAPPINGS}
     with Harness(sandbox="docker", home=home / "wrapped", pool_size=0) as harness:
         for _ in range(reps):
             for name in WRAPPINGS:
-                first_s, warm_s = _wrapped_queries(harness, name, records, warm_reps, 0.0)
+                first_s, warm_s, _ = _wrapped_queries(harness, name, records, warm_reps, 0.0)
                 first[name].append(first_s)
                 warm[name].append(warm_s)
-                paused[name].append(
-                    _wrapped_queries(harness, name, records, 1, PRELOAD_READING_SECONDS)[0]
+                paused_s, _, rested_s = _wrapped_queries(
+                    harness, name, records, 1, PRELOAD_READING_SECONDS
                 )
+                assert rested_s is not None
+                paused[name].append(paused_s)
+                rested[name].append(rested_s)
     figures = {
         name: {
             "first_ms": median_ms(first[name]),
             "warm_ms": median_ms(warm[name]),
             "paused_ms": median_ms(paused[name]),
+            "rested_ms": median_ms(rested[name]),
         }
         for name in WRAPPINGS
     }
@@ -489,6 +503,7 @@ def bench_wrapped_sql(home: Path, artifact_bytes: int, reps: int, warm_reps: int
         row["first_ratio"] = row["first_ms"] / floor["first_ms"]
         row["warm_ratio"] = row["warm_ms"] / floor["warm_ms"]
         row["paused_ratio"] = row["paused_ms"] / row["warm_ms"]
+        row["rested_ratio"] = row["paused_ms"] / row["rested_ms"]
     return {"artifact_bytes": artifact_bytes, "reps": reps, "shapes": figures}
 
 
@@ -645,17 +660,20 @@ def _wrapped_markdown(w: dict[str, Any]) -> list[str]:
         "",
         f"Medians of {w['reps']} rounds, a task per figure; ratios to the bare array (the "
         f"floor), and of the first query {PRELOAD_READING_SECONDS:g} s after the offload to a "
-        "warm one.",
+        "warm one, and to the same query asked again after the same pause (its floor: a "
+        "query after a pause of the machine's pays for the pause, loaded table or not).",
         "",
         "| records | first query (ms) | ratio | warm query (ms) | ratio "
-        f"| first after {PRELOAD_READING_SECONDS:g} s (ms) | ratio to warm |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| first after {PRELOAD_READING_SECONDS:g} s (ms) | ratio to warm "
+        f"| warm after {PRELOAD_READING_SECONDS:g} s (ms) | ratio to it |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in w["shapes"].items():
         lines.append(
             f"| {name} (`{WRAPPED_TABLES[name]}`) | {row['first_ms']:.0f} "
             f"| {row['first_ratio']:.2f} | {row['warm_ms']:.1f} | {row['warm_ratio']:.2f} "
-            f"| {row['paused_ms']:.1f} | {row['paused_ratio']:.2f} |"
+            f"| {row['paused_ms']:.1f} | {row['paused_ratio']:.2f} "
+            f"| {row['rested_ms']:.1f} | {row['rested_ratio']:.2f} |"
         )
     return lines
 
@@ -772,11 +790,13 @@ def _wrapped_targets(w: dict[str, Any]) -> list[Target]:
         *found,
         Target(
             goal=f"the first query {PRELOAD_READING_SECONDS:g} s after an offload of {size} at "
-            f"most {WRAPPED_TARGET_RATIO:g}x a warm one (its tables loaded in the background)",
-            met=all(row["paused_ratio"] <= WRAPPED_TARGET_RATIO for row in shapes.values()),
+            f"most {WRAPPED_TARGET_RATIO:g}x the same query warm after the same pause (its "
+            "tables loaded in the background: it waits for no parse)",
+            met=all(row["rested_ratio"] <= WRAPPED_TARGET_RATIO for row in shapes.values()),
             measured=", ".join(
-                f"{name} ratio {row['paused_ratio']:.2f}: {row['paused_ms']:.1f} ms against "
-                f"{row['warm_ms']:.1f} ms"
+                f"{name} ratio {row['rested_ratio']:.2f}: {row['paused_ms']:.1f} ms against "
+                f"{row['rested_ms']:.1f} ms (against a warm one back to back "
+                f"{row['paused_ratio']:.2f}: {row['warm_ms']:.1f} ms)"
                 for name, row in shapes.items()
             ),
         ),
