@@ -124,8 +124,8 @@ class TablePreload:
 
     def request(self, folder: Path) -> None:
         """Ask for a preload if folder (the task's payload files) holds a table the engine
-        was not asked to load yet. Asked after every step: its names alone are read (no
-        stat per file: 0.3 ms at 1,000 payloads, where sorting them by age took 3.6)."""
+        was not asked to load yet. Asked after every step: its names alone are read, no
+        stat per file (at 1,000 payloads 0.6-0.9 ms, where names() took 3.6-5 ms)."""
         try:
             names = os.listdir(folder)
         except OSError:
