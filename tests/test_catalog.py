@@ -4,6 +4,7 @@ catalogs from before Alembic upgraded in place; several writers; clear errors; c
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from sqlalchemy import text
 from catalog_backends import run_at_once
 from spillbox import Harness
 from spillbox.catalog import CATALOG_FILE, Catalog, claims, migrate
+from spillbox.catalog.database import SQL_CACHE_SUFFIX
 from spillbox.catalog.schema import metadata
 from spillbox.config import Settings
 from spillbox.errors import ConfigError, StorageError
@@ -85,6 +87,117 @@ def test_a_catalog_at_the_newest_revision_opens_without_alembic(home: Path) -> N
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+_EVERY_USE = """
+import json, sys
+from pathlib import Path
+from spillbox.catalog import Catalog, claims
+from spillbox.catalog.calls import next_call_id
+from spillbox.types import ArtifactRow
+catalog = Catalog(Path(sys.argv[1]))
+task = sys.argv[2]
+row = ArtifactRow(
+    task_id=task, artifact_id="a1", call_id="c1", tool="t", name="a1.json",
+    path="/sandbox/offload/a1.json", bytes=10, tokens=3, tokens_exact=True, sha256="0" * 64,
+    created_at=1.0, last_access_at=1.0, expires_at=1.0, state="live", pinned=False,
+    redactions=0, deleted_at=None, deleted_by=None,
+)
+sys.stdin.readline()
+catalog.open_task(task, "{}")
+assert catalog.add_artifact(row)
+assert not catalog.add_artifact(row)
+catalog.accessed(task, "a1", None, "read", "read_artifact")
+found = catalog.find(task, "a1.json")
+ids = [next_call_id(catalog, task, "git_log") for _ in range(2)]
+expired = [row.artifact_id for row in claims.expired(catalog, 2.0)]
+claimed = [row.artifact_id for row in claims.claim_expired(catalog, 2.0)]
+assert catalog.tombstone(task, "a1", "ttl")
+catalog.close_task(task, None)
+assert claims.claim_task(catalog, task, 3.0)
+print(json.dumps({
+    "found": found.artifact_id if found else None,
+    "ids": ids,
+    "expired": expired,
+    "claimed": claimed,
+    "audit": [entry.action for entry in catalog.audit(task)],
+    "tasks": [row.task_id for row in catalog.tasks(("closed",))],
+    "heavy": sorted({m.split(".")[0] for m in sys.modules} & {"sqlalchemy", "alembic"}),
+}))
+catalog.close()
+"""
+_EVERY_USE_ANSWER = {
+    "found": "a1",
+    "ids": ["git_log_1", "git_log_2"],
+    "expired": ["a1"],
+    "claimed": ["a1"],
+    "audit": ["offload", "read", "delete"],
+}
+
+
+def _every_use(home: Path, tasks: list[str]) -> list[dict[str, object]]:
+    """Each task's round of the catalog's uses, each in a process of its own, all at once."""
+    command = [sys.executable, "-c", _EVERY_USE, str(home)]
+    done = run_at_once([[*command, task] for task in tasks])
+    assert [(code, err) for code, _, err in done] == [(0, "")] * len(tasks)
+    return [json.loads(out) for _, out, _ in done]
+
+
+def test_a_process_finding_its_statements_compiled_runs_without_sqlalchemy(home: Path) -> None:
+    """The statements' SQL, compiled once, is kept beside the catalog: a later process
+    (a CLI command) opens the catalog, offloads, reads, numbers calls, collects and
+    deletes without importing SQLAlchemy (about 160 ms of its start), and gets the same
+    answers as the process that compiled them."""
+    Catalog(home).close()  # made and migrated (Alembic) here
+    [first] = _every_use(home, ["t1"])
+    assert first["heavy"] == ["sqlalchemy"]  # it compiled the statements
+    [later] = _every_use(home, ["t2"])
+    assert later["heavy"] == []
+    for answer in (first, later):
+        assert {k: answer[k] for k in _EVERY_USE_ANSWER} == _EVERY_USE_ANSWER
+    assert later["tasks"] == ["t1", "t2"]
+    cached = json.loads((home / (CATALOG_FILE + SQL_CACHE_SUFFIX)).read_text())
+    assert len(cached["statements"]) >= 15
+
+
+def test_processes_compiling_at_once_keep_one_whole_sql_cache(home: Path) -> None:
+    Catalog(home).close()
+    answers = _every_use(home, [f"t{k}" for k in range(4)])
+    for answer in answers:
+        assert {k: answer[k] for k in _EVERY_USE_ANSWER} == _EVERY_USE_ANSWER
+    cached = json.loads((home / (CATALOG_FILE + SQL_CACHE_SUFFIX)).read_text())
+    [later] = _every_use(home, ["t9"])
+    assert {k: later[k] for k in _EVERY_USE_ANSWER} == _EVERY_USE_ANSWER
+    # Whatever a racing writer's rename dropped was compiled again and kept.
+    assert len(
+        json.loads((home / (CATALOG_FILE + SQL_CACHE_SUFFIX)).read_text())["statements"]
+    ) >= len(cached["statements"])
+    assert not [p.name for p in home.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+@pytest.mark.parametrize("damage", ["other definitions", "not json", "not a table"])
+def test_a_sql_cache_from_other_statements_or_damaged_is_compiled_again(
+    home: Path, damage: str
+) -> None:
+    """A cache written from other statement definitions (an older spillbox: its SQL may
+    name columns this one's records lack) is never run: the statements are compiled again
+    and the file rewritten."""
+    Catalog(home).close()
+    _every_use(home, ["t1"])
+    path = home / (CATALOG_FILE + SQL_CACHE_SUFFIX)
+    cached = json.loads(path.read_text())
+    wrong = {key: ["SELECT 1 AS wrong", {}, []] for key in cached["statements"]}
+    path.write_text(
+        {
+            "other definitions": json.dumps({"fingerprint": "0" * 64, "statements": wrong}),
+            "not json": '{"fingerprint": "' + cached["fingerprint"] + '", "stat',
+            "not a table": json.dumps({"fingerprint": cached["fingerprint"], "statements": 7}),
+        }[damage]
+    )
+    [answer] = _every_use(home, ["t2"])
+    assert answer["heavy"] == ["sqlalchemy"]
+    assert {k: answer[k] for k in _EVERY_USE_ANSWER} == _EVERY_USE_ANSWER
+    assert json.loads(path.read_text())["fingerprint"] == cached["fingerprint"]
 
 
 def test_the_migrated_schema_is_the_one_the_queries_use(

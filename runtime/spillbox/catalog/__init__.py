@@ -19,31 +19,22 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from functools import cache
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Select, Table, bindparam, case, func, insert, or_, select, update
-from sqlalchemy.dialects import sqlite
-from sqlalchemy.sql.dml import Insert
-from sqlalchemy.sql.elements import BindParameter
-
 from spillbox.catalog import migrate
-from spillbox.catalog.database import Database, Transaction, catalog_url, make_engine, sqlite_url
-from spillbox.catalog.schema import (
-    ACCESS_COLUMNS,
-    ARTIFACT_COLUMNS,
-    TASK_COLUMNS,
-    access_log,
-    artifacts,
-    tasks,
+from spillbox.catalog.database import (
+    Database,
+    Statement,
+    Transaction,
+    catalog_url,
 )
-from spillbox.catalog.schema import placements as placement_rows
 from spillbox.errors import ConfigError
 from spillbox.types import AccessEntry, ArtifactRow, TaskRow
 
 if TYPE_CHECKING:
-    from sqlalchemy.dialects import postgresql
+    from sqlalchemy import Engine
 
 __all__ = ["CATALOG_FILE", "DEFAULT_BUSY_TIMEOUT", "Action", "Catalog"]
 
@@ -65,105 +56,24 @@ Action = Literal[
     "policy",
 ]
 
-_KEY = (artifacts.c.task_id == bindparam("key_task")) & (
-    artifacts.c.artifact_id == bindparam("key_artifact")
-)
-_LIVE = artifacts.c.state == "live"
-_SELECT_TASK = select(*TASK_COLUMNS).where(tasks.c.task_id == bindparam("task_id"))
-_SELECT_TASK_FOR_UPDATE = _SELECT_TASK.with_for_update()
-_REOPEN_TASK = (
-    update(tasks)
-    .where(tasks.c.task_id == bindparam("key_task"))
-    .values(state="open", closed_at=None, delete_after=None, retention=bindparam("retention"))
-)
-_CLOSE_TASK = (
-    update(tasks)
-    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.state != "deleted")
-    .values(
-        state="closed",
-        closed_at=func.coalesce(tasks.c.closed_at, bindparam("at")),
-        delete_after=bindparam("delete_after"),
-    )
-)
-_TASK_DELETED = (
-    update(tasks)
-    .where(tasks.c.task_id == bindparam("key_task"))
-    .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("by"))
-)
-_SELECT_IDENTICAL = (
-    select(*ARTIFACT_COLUMNS)
-    .where(
-        artifacts.c.task_id == bindparam("task_id"),
-        artifacts.c.sha256 == bindparam("sha256"),
-        artifacts.c.bytes == bindparam("bytes"),
-        _LIVE,
-        # An appendable artifact's bytes change: another payload never points at them.
-        artifacts.c.origin != "append",
-    )
-    .order_by(artifacts.c.created_at)
-    .limit(1)
-)
-_INSERT_LOG = insert(access_log)
-_TOMBSTONE = (
-    update(artifacts)
-    .where(_KEY, _LIVE, artifacts.c.pinned == 0)
-    .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("by"))
-)
-_TOUCH = (
-    update(artifacts)
-    .where(_KEY)
-    .values(
-        last_access_at=bindparam("at"),
-        expires_at=func.coalesce(bindparam("expires_at"), artifacts.c.expires_at),
-    )
-)
-_PIN = update(artifacts).where(_KEY).values(pinned=bindparam("pinned"))
-_LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindparam("task_id"))
-_ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
-_LIST_LIVE = _LIST_ARTIFACTS.where(_LIVE).order_by(*_ARTIFACT_ORDER)
-_LIST_ALL = _LIST_ARTIFACTS.order_by(*_ARTIFACT_ORDER)
-_REF: BindParameter[str] = bindparam("ref")
-_AS_CALL = or_(artifacts.c.origin == "call", artifacts.c.origin == "append") & (
-    artifacts.c.call_id == _REF
-)
-_BY_REF = (
-    _AS_CALL,
-    artifacts.c.path == _REF,
-    artifacts.c.artifact_id == _REF,
-    artifacts.c.name == _REF,
-    artifacts.c.name == bindparam("base"),
-)
-"""What a reference can be, in the order find() tries them."""
-_FIND = (
-    _LIST_ARTIFACTS.where(or_(*_BY_REF))
-    .order_by(
-        case(*((match, rule) for rule, match in enumerate(_BY_REF))),  # the first rule it meets
-        _LIVE.desc(),
-        artifacts.c.created_at.desc(),
-    )
-    .limit(1)
-)
-_ID_TAKEN = (
-    select(artifacts.c.artifact_id)
-    .where(artifacts.c.task_id == bindparam("task_id"), artifacts.c.artifact_id == _REF)
-    .limit(1)
-)
-
-
-def _on_host(task_id: Any) -> Any:
-    """The task is placed on the host named by the "host" parameter (a cluster's)."""
-    # placement_rows: the package's name `placements` is its submodule's once imported.
-    placed = select(placement_rows.c.task_id).where(
-        placement_rows.c.host == bindparam("host"), placement_rows.c.state == "placed"
-    )
-    return task_id.in_(placed)
-
-
-_SELECT_LOG = (
-    select(*ACCESS_COLUMNS)
-    .where(access_log.c.task_id == bindparam("task_id"))
-    .order_by(access_log.c.id)
-)
+# The statements (catalog/statements.py), by name
+_SELECT_TASK = Statement("select_task")
+_SELECT_TASK_FOR_UPDATE = Statement("select_task_for_update")
+_REOPEN_TASK = Statement("reopen_task")
+_UPSERT_TASK = Statement("upsert_task", insert=True)
+_CLOSE_TASK = Statement("close_task")
+_TASK_DELETED = Statement("task_deleted")
+_INSERT_ARTIFACT = Statement("insert_artifact", insert=True)
+_SELECT_IDENTICAL = Statement("select_identical")
+_INSERT_LOG = Statement("insert_log", insert=True)
+_TOMBSTONE = Statement("tombstone")
+_TOUCH = Statement("touch")
+_PIN = Statement("pin")
+_LIST_LIVE = Statement("list_live")
+_LIST_ALL = Statement("list_all")
+_FIND = Statement("find")
+_ID_TAKEN = Statement("id_taken")
+_SELECT_LOG = Statement("select_log")
 _CLAIMS = {"claimed_by": None, "claimed_until": None}
 """Claim columns of a row (re)written whole: nobody holds it."""
 
@@ -193,24 +103,29 @@ class Catalog:
                     "set --home / SPILLBOX_HOME to a writable folder"
                 ) from e
             self.path = home / CATALOG_FILE
-            address = sqlite_url(self.path)
             self.where = str(self.path)
+            self.db = Database(self.where, busy_timeout, sqlite=self.path)
         else:
             address = catalog_url(url)
             self.where = address.render_as_string(hide_password=True)
-        self.engine = make_engine(address, busy_timeout)
-        self.db = Database(self.engine, self.where, busy_timeout)
+            if address.get_backend_name() == "sqlite":
+                assert address.database is not None  # catalog_url refuses a URL without
+                self.db = Database(self.where, busy_timeout, sqlite=Path(address.database))
+            else:
+                self.db = Database(self.where, busy_timeout, url=address)
         """The statements' runner, also for the catalog's other modules (claims, calls)."""
-        dialect = self.engine.dialect.name
-        self._upsert_task = _upsert(dialect, tasks, ("task_id",))
-        self._insert_artifact = _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
         try:
             with self.db.errors("migrating the schema"):
-                self.migrated = migrate.upgrade(self.engine, self.where)
+                self.migrated = migrate.upgrade(self.db)
                 """Whether opening this catalog ran migrations (another process may have)."""
         except BaseException:
-            self.engine.dispose()
+            self.db.close()
             raise
+
+    @property
+    def engine(self) -> Engine:
+        """The catalog's SQLAlchemy engine (for migrations, and tests that look inside)."""
+        return self.db.engine
 
     def close(self) -> None:
         self.db.close()
@@ -239,7 +154,7 @@ class Catalog:
         self, states: Sequence[str] = ("open", "closed"), host: str | None = None
     ) -> list[TaskRow]:
         """The tasks in these states; host: only those placed on that cluster host."""
-        statement = _list_tasks(tuple(states), host is not None)
+        statement = Statement("list_tasks", (tuple(states), host is not None))
         rows = self.db.rows("listing tasks", statement, _host(host))
         return [TaskRow(**row) for row in rows]
 
@@ -260,7 +175,7 @@ class Catalog:
                     "deleted_by": None,
                     **_CLAIMS,
                 }
-                tx.execute(self._upsert_task, values)
+                tx.execute(_UPSERT_TASK, values)
             else:
                 tx.execute(_REOPEN_TASK, {"key_task": task_id, "retention": retention})
                 if found[0]["retention"] != retention:
@@ -289,12 +204,12 @@ class Catalog:
         False, writing nothing, if the task has an artifact of this id already, live or a
         tombstone: an id is one artifact's forever (a tombstone never comes back to life),
         and the caller gives the payload another (id_taken)."""
-        values = {column.name: getattr(row, column.name) for column in ARTIFACT_COLUMNS}
+        values = {field.name: getattr(row, field.name) for field in fields(ArtifactRow)}
         values["pinned"] = int(row.pinned)
         if row.tokens_exact is not None:
             values["tokens_exact"] = int(row.tokens_exact)
         with self.db.transaction("recording an artifact") as tx:
-            if not tx.execute(self._insert_artifact, {**values, **_CLAIMS}):
+            if not tx.execute(_INSERT_ARTIFACT, {**values, **_CLAIMS}):
                 return False
             _log(tx, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
             if redacted is not None:
@@ -386,43 +301,6 @@ class Catalog:
 def _host(host: str | None) -> dict[str, str]:
     """The parameter of a statement scoped to one host (_on_host), if it is."""
     return {} if host is None else {"host": host}
-
-
-@cache
-def _list_tasks(states: tuple[str, ...], on_host: bool) -> Select[Any]:
-    """The statement listing tasks in these states (one per set of states: each is
-    compiled once); on_host: those placed on one host only."""
-    # state = a OR state = b: plain parameters (IN (...) is expanded when executed, which
-    # a statement compiled once for the driver cannot be).
-    in_states = or_(*(tasks.c.state == state for state in states))
-    where = (in_states, _on_host(tasks.c.task_id)) if on_host else (in_states,)
-    return select(*TASK_COLUMNS).where(*where).order_by(tasks.c.task_id)
-
-
-def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
-    """The dialect's INSERT, which has ON CONFLICT."""
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    # Imported for a Postgres catalog only: the dialect (with its asyncpg and asyncio
-    # modules) is a third of sqlalchemy's import, which a SQLite catalog need not pay.
-    from sqlalchemy.dialects import postgresql
-
-    return postgresql.insert(table)
-
-
-def _upsert(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
-    """INSERT a whole row, or replace every column of the row with these keys."""
-    statement = _insert(dialect, table)
-    others = {c.name: statement.excluded[c.name] for c in table.columns if c.name not in keys}
-    upsert: Insert = statement.on_conflict_do_update(index_elements=list(keys), set_=others)
-    return upsert
-
-
-def _insert_new(dialect: str, table: Table, keys: Sequence[str]) -> Insert:
-    """INSERT a whole row, or nothing if a row with these keys exists (0 rows changed)."""
-    statement = _insert(dialect, table)
-    insert_new: Insert = statement.on_conflict_do_nothing(index_elements=list(keys))
-    return insert_new
 
 
 def _log(

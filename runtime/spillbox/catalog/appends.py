@@ -10,43 +10,12 @@ transaction as the access log's "append" entry that names the new sha256.
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, select, update
-
 from spillbox.catalog import Catalog, _artifact, _log
-from spillbox.catalog.schema import ARTIFACT_COLUMNS, artifacts
+from spillbox.catalog.database import Statement
 from spillbox.types import ArtifactRow
 
-_LIVE = artifacts.c.state == "live"
-_APPENDABLE = (
-    select(*ARTIFACT_COLUMNS)
-    .where(
-        artifacts.c.task_id == bindparam("task_id"),
-        _LIVE,
-        artifacts.c.origin == "append",
-        artifacts.c.call_id == bindparam("call_id"),
-    )
-    .order_by(artifacts.c.created_at.desc())
-    .limit(1)
-)
-_GROW = (
-    update(artifacts)
-    .where(
-        artifacts.c.task_id == bindparam("key_task"),
-        artifacts.c.artifact_id == bindparam("key_artifact"),
-        _LIVE,
-        artifacts.c.bytes == bindparam("was_bytes"),
-        artifacts.c.sha256 == bindparam("was_sha256"),
-    )
-    .values(
-        bytes=bindparam("now_bytes"),
-        sha256=bindparam("now_sha256"),
-        tokens=bindparam("now_tokens"),
-        tokens_exact=bindparam("now_exact"),
-        redactions=bindparam("now_redactions"),
-        last_access_at=bindparam("at"),
-        expires_at=bindparam("expires_at"),
-    )
-)
+_APPENDABLE = Statement("appendable")
+_GROW = Statement("grow")
 
 
 def appendable(catalog: Catalog, task_id: str, call_id: str) -> ArtifactRow | None:

@@ -6,19 +6,11 @@ call_numbers table), moved on in the write transaction that hands out the id.
 
 from __future__ import annotations
 
-from functools import cache
+from spillbox.catalog import Catalog
+from spillbox.catalog.database import Statement
 
-from sqlalchemy import bindparam, select
-from sqlalchemy.sql.dml import Insert
-
-from spillbox.catalog import _AS_CALL, Catalog, _insert
-from spillbox.catalog.schema import artifacts, call_numbers
-
-_CALL_ID_USED = (
-    select(artifacts.c.artifact_id)
-    .where(artifacts.c.task_id == bindparam("task_id"), _AS_CALL)
-    .limit(1)
-)
+_NUMBERED = Statement("numbered_call", insert=True)
+_CALL_ID_USED = Statement("call_id_used")
 
 
 def next_call_id(catalog: Catalog, task_id: str, tool: str) -> str:
@@ -27,21 +19,9 @@ def next_call_id(catalog: Catalog, task_id: str, tool: str) -> str:
     transaction). A number whose id an artifact already has as its call id (a proxy from
     before the counter, a harness whose model chose it) is passed over."""
     args = {"task_id": task_id, "tool": tool, "last": 1}
-    numbered = _numbered(catalog.engine.dialect.name)
     with catalog.db.transaction("numbering a call") as tx:
         while True:
-            [row] = tx.rows(numbered, args)
+            [row] = tx.rows(_NUMBERED, args)
             call_id = f"{tool}_{row['last']}"
             if not tx.rows(_CALL_ID_USED, {"task_id": task_id, "ref": call_id}):
                 return call_id
-
-
-@cache
-def _numbered(dialect: str) -> Insert:
-    """INSERT a task's first number for a tool, or add one to the last: the number either
-    way (RETURNING, on SQLite as on Postgres)."""
-    statement = _insert(dialect, call_numbers)
-    numbered: Insert = statement.on_conflict_do_update(
-        index_elements=["task_id", "tool"], set_={"last": call_numbers.c.last + 1}
-    ).returning(call_numbers.c.last)
-    return numbered

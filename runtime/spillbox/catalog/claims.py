@@ -11,13 +11,8 @@ collectors. A claim lasts a lease: a collector that dies lets go of its work aft
 
 from __future__ import annotations
 
-from functools import cache
-from typing import Any
-
-from sqlalchemy import Select, Table, bindparam, or_, select, tuple_, update
-
-from spillbox.catalog import _LIVE, Catalog, _artifact, _host, _on_host
-from spillbox.catalog.schema import ARTIFACT_COLUMNS, artifacts, tasks
+from spillbox.catalog import Catalog, _artifact, _host
+from spillbox.catalog.database import Statement
 from spillbox.types import ArtifactRow
 
 __all__ = [
@@ -34,36 +29,16 @@ DEFAULT_CLAIM_LEASE = 600.0
 CLAIM_BATCH = 100
 """How many expired artifacts a collector claims at a time."""
 
-_EXPIRED = (
-    _LIVE,
-    artifacts.c.pinned == 0,
-    artifacts.c.expires_at.is_not(None),
-    artifacts.c.expires_at <= bindparam("now"),
-)
-
-
-def _unclaimed(table: Table) -> Any:
-    """A row no collector holds: never claimed, or its claim's lease ran out by "now"."""
-    return or_(table.c.claimed_until.is_(None), table.c.claimed_until <= bindparam("now"))
-
-
-_CLAIM_TASK = (
-    update(tasks)
-    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.state == "closed", _unclaimed(tasks))
-    .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
-)
-_RELEASE_TASK = (
-    update(tasks)
-    .where(tasks.c.task_id == bindparam("key_task"), tasks.c.claimed_by == bindparam("holder"))
-    .values(claimed_by=None, claimed_until=None)
-)
+_CLAIM_TASK = Statement("claim_task")
+_RELEASE_TASK = Statement("release_task")
 
 
 def expired(catalog: Catalog, now: float, host: str | None = None) -> list[ArtifactRow]:
     """Every live, unpinned artifact past its expiry (claimed or not: a dry run's list);
     host: only those of tasks placed on that cluster host."""
     args = {"now": now, **_host(host)}
-    rows = catalog.db.rows("finding expired artifacts", _expired_rows(host is not None), args)
+    statement = Statement("expired_rows", (host is not None,))
+    rows = catalog.db.rows("finding expired artifacts", statement, args)
     return [_artifact(row) for row in rows]
 
 
@@ -78,7 +53,7 @@ def claim_expired(
     first. A claim lasts `lease` seconds: the tombstone ends the artifact's.
     host: only those of tasks placed on that cluster host."""
     args = {"now": now, "limit": limit, "holder": catalog.holder, "until": now + lease}
-    statement = _claim_expired(host is not None)
+    statement = Statement("claim_expired", (host is not None,))
     with catalog.db.transaction("claiming expired artifacts") as tx:
         rows = [_artifact(row) for row in tx.rows(statement, {**args, **_host(host)})]
     return sorted(rows, key=lambda row: (row.expires_at or 0, row.task_id, row.artifact_id))
@@ -97,34 +72,3 @@ def release_task(catalog: Catalog, task_id: str) -> None:
     """Let go of this collector's claim on a task (kept or removed)."""
     with catalog.db.transaction("releasing a task") as tx:
         tx.execute(_RELEASE_TASK, {"key_task": task_id, "holder": catalog.holder})
-
-
-def _expired_where(on_host: bool) -> tuple[Any, ...]:
-    """Live, unpinned and past expiry (on_host: of the tasks placed on one host only)."""
-    return (*_EXPIRED, _on_host(artifacts.c.task_id)) if on_host else _EXPIRED
-
-
-@cache
-def _expired_rows(on_host: bool) -> Select[Any]:
-    where = _expired_where(on_host)
-    return select(*ARTIFACT_COLUMNS).where(*where).order_by(artifacts.c.expires_at)
-
-
-@cache
-def _claim_expired(on_host: bool) -> Any:
-    """Claim a batch of expired artifacts no other collector holds (on_host: of the tasks
-    placed on one host only)."""
-    return (
-        update(artifacts)
-        .where(
-            tuple_(artifacts.c.task_id, artifacts.c.artifact_id).in_(
-                select(artifacts.c.task_id, artifacts.c.artifact_id)
-                .where(*_expired_where(on_host), _unclaimed(artifacts))
-                .order_by(artifacts.c.expires_at)
-                .limit(bindparam("limit"))
-                .with_for_update(skip_locked=True)
-            )
-        )
-        .values(claimed_by=bindparam("holder"), claimed_until=bindparam("until"))
-        .returning(*ARTIFACT_COLUMNS)
-    )

@@ -1,6 +1,6 @@
-"""The catalog's database: a SQLAlchemy engine on SQLite (the default) or Postgres, the
-statements run on it, and the one table of how their drivers' exceptions become spillbox
-errors.
+"""The catalog's database: SQLite (the default, through sqlite3) or Postgres (through a
+SQLAlchemy engine), the statements run on it, and the one table of how their drivers'
+exceptions become spillbox errors.
 
 SQLite: WAL mode, a busy timeout, reads in autocommit (a WAL reader never waits), and
 write transactions that take the write lock up front (BEGIN IMMEDIATE), so a
@@ -12,40 +12,57 @@ a round trip, and with psycopg's own BEGIN a second): a pooled connection the se
 dropped meanwhile fails at the read or the BEGIN that opens its use, before anything was
 done on it, and that one statement runs again on another connection.
 
-The catalog's statements are SQLAlchemy Core, compiled once for the engine's dialect and
-run on the driver's own connection (Database): SQLAlchemy's execution layer (a connection
-checkout, an execution context, a result object) cost about 0.1 ms a statement on SQLite,
-several times the statement itself, and a 4 KB offload runs four of them.
+The catalog's statements are SQLAlchemy Core (statements.py), compiled once for the
+dialect and run on the driver's own connection (Database): SQLAlchemy's execution layer (a
+connection checkout, an execution context, a result object) cost about 0.1 ms a statement
+on SQLite, several times the statement itself, and a 4 KB offload runs four of them. On
+SQLite the compiled SQL is kept beside the catalog (SqlCache), so that a short-lived
+process (a CLI command) does not import SQLAlchemy at all.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import sqlite3
+import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
-
-from sqlalchemy import Connection, Engine, create_engine, event, exc
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.engine.interfaces import DBAPICursor
-from sqlalchemy.pool import NullPool, PoolProxiedConnection
-from sqlalchemy.sql import ClauseElement
-from sqlalchemy.sql.compiler import SQLCompiler
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from spillbox.errors import ConfigError, SpillboxError, StorageError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+    from sqlalchemy.engine import URL
+    from sqlalchemy.engine.interfaces import DBAPICursor
+    from sqlalchemy.pool import PoolProxiedConnection
+    from sqlalchemy.sql.compiler import SQLCompiler
+
+    Cursor = DBAPICursor | sqlite3.Cursor
 
 SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON", "PRAGMA synchronous=NORMAL")
 POSTGRES_SCHEMES = ("postgres", "postgresql")
 """URL schemes that mean Postgres through psycopg 3 (SQLAlchemy's default would be psycopg2)."""
 LOCK_NOT_AVAILABLE = "55P03"
 """Postgres's SQLSTATE when lock_timeout ran out."""
+SQL_CACHE_SUFFIX = "-sql.json"
+"""The file beside a SQLite catalog (catalog.sqlite3-sql.json) that keeps its statements'
+compiled SQL (SqlCache)."""
 _T = TypeVar("_T")
 
 
 def catalog_url(raw: str) -> URL:
     """A catalog URL as SQLAlchemy takes it: postgresql:// means psycopg 3."""
+    from sqlalchemy import exc
+    from sqlalchemy.engine import make_url
+
     try:
         url = make_url(raw)
     except exc.ArgumentError:
@@ -60,23 +77,28 @@ def catalog_url(raw: str) -> URL:
             f"the catalog URL names {url.get_backend_name()!r}: spillbox's catalog runs on "
             "SQLite or Postgres (postgresql://USER@HOST/DB)"
         )
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise ConfigError(
+            f"the catalog URL {raw!r} names no file: a catalog in memory would be lost at "
+            "exit; use sqlite:///PATH"
+        )
     return url
-
-
-def sqlite_url(path: Path) -> URL:
-    return URL.create("sqlite+pysqlite", database=str(path))
 
 
 def make_engine(url: URL, busy_timeout: float) -> Engine:
     """An engine for the catalog; nothing is connected yet."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import NullPool
+
     if url.get_backend_name() == "sqlite":
-        # No pool: the catalog keeps one connection per thread itself (see Catalog).
+        # No pool: the catalog's own statements run on connections Database keeps; this
+        # engine serves migrations.
         engine = create_engine(
             url,
             connect_args={"timeout": busy_timeout, "check_same_thread": False},
             poolclass=NullPool,
         )
-        event.listen(engine, "connect", _sqlite_connected)
+        event.listen(engine, "connect", lambda connection, _: _sqlite_ready(connection))
         return engine
     try:
         # No pool_pre_ping: Database replaces a connection found dropped (_postgres).
@@ -90,11 +112,12 @@ def make_engine(url: URL, busy_timeout: float) -> Engine:
         ) from None
 
 
-def _sqlite_connected(dbapi_connection: sqlite3.Connection, record: Any) -> None:
+def _sqlite_ready(connection: sqlite3.Connection) -> sqlite3.Connection:
     # The driver's own transaction handling is off: spillbox says when to begin, and how.
-    dbapi_connection.isolation_level = None
+    connection.isolation_level = None
     for pragma in SQLITE_PRAGMAS:
-        dbapi_connection.execute(pragma)
+        connection.execute(pragma)
+    return connection
 
 
 def begin_write(connection: Connection) -> None:
@@ -104,14 +127,39 @@ def begin_write(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+@dataclass(frozen=True)
+class Statement:
+    """A catalog statement by its name in catalog/statements.py: a statement there, or a
+    function called with the catalog's dialect and these arguments.
+
+    insert: an INSERT, compiled for the columns of the parameters it is run with."""
+
+    name: str
+    args: tuple[Hashable, ...] = ()
+    insert: bool = False
+
+    def key(self, columns: Sequence[str]) -> str:
+        """Its name in the compiled cache."""
+        key = self.name + (repr(self.args) if self.args else "")
+        return f"{key} ({', '.join(columns)})" if self.insert else key
+
+
 class Prepared:
     """One statement compiled for one dialect: its SQL, and its parameters in the order and
     form the driver takes them (values fixed in the statement, like 'live', filled in)."""
 
-    def __init__(self, compiled: SQLCompiler) -> None:
-        self.sql = compiled.string
-        self._fixed = {name: bind.value for name, bind in compiled.binds.items()}
-        self._order = compiled.positiontup
+    def __init__(self, sql: str, fixed: dict[str, Any], order: Sequence[str] | None = None) -> None:
+        self.sql = sql
+        self._fixed = fixed
+        self._order = order
+
+    @classmethod
+    def compiled(cls, compiled: SQLCompiler) -> Prepared:
+        fixed = {name: bind.value for name, bind in compiled.binds.items()}
+        return cls(compiled.string, fixed, compiled.positiontup)
+
+    def saved(self) -> list[Any]:
+        return [self.sql, self._fixed, self._order]
 
     def args(self, params: Mapping[str, Any]) -> Sequence[Any] | Mapping[str, Any]:
         if self._order is None:
@@ -119,66 +167,170 @@ class Prepared:
         return [params[name] if name in params else self._fixed[name] for name in self._order]
 
 
+class SqlCache:
+    """The statements' SQL compiled before, by Statement.key, kept in a file beside a SQLite
+    catalog (none for Postgres: kept in memory), so that a process that finds every
+    statement it runs there never imports SQLAlchemy (about 160 ms, most of a CLI command's
+    start). The file counts only if it was written from the very statement definitions this
+    process has (the fingerprint); a file that is missing, damaged or of other definitions
+    is written again, whole, by the next compile."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._prepared: dict[str, Prepared] = {}
+        self._saved: dict[str, list[Any]] = {} if path is None else _read_cache(path)
+        """What the file held when read (or as this process last wrote it)."""
+
+    def get(self, key: str) -> Prepared | None:
+        found = self._prepared.get(key)
+        if found is None and key in self._saved:
+            found = self._prepared[key] = Prepared(*self._saved[key])
+        return found
+
+    def put(self, key: str, prepared: Prepared) -> None:
+        with self._lock:
+            self._prepared[key] = prepared
+            if self.path is None:
+                return
+            # Another process may have saved statements meanwhile: keep theirs too.
+            self._saved = {**_read_cache(self.path), **self._saved, key: prepared.saved()}
+            _write_cache(self.path, self._saved)
+
+
+@cache
+def _fingerprint() -> str:
+    """The sha256 of the sources that define the statements' SQL: the statements, the
+    tables, and the records whose fields are the columns read."""
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for source in (here / "statements.py", here / "schema.py", here.parent / "types.py"):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def _read_cache(path: Path) -> dict[str, list[Any]]:
+    try:
+        saved = json.loads(path.read_bytes())
+        if saved["fingerprint"] == _fingerprint() and all(
+            _well_formed(key, entry) for key, entry in saved["statements"].items()
+        ):
+            statements: dict[str, list[Any]] = saved["statements"]
+            return statements
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass  # none yet, or not one this process can trust: compiled again
+    return {}
+
+
+def _well_formed(key: object, entry: object) -> bool:
+    """An entry as Prepared.saved() writes it: SQL, fixed values, the parameters' order."""
+    match entry:
+        case [str(), dict(), list() | None]:
+            return isinstance(key, str)
+    return False
+
+
+def _write_cache(path: Path, statements: dict[str, list[Any]]) -> None:
+    """Written whole under another name, then renamed: a reader sees the old or the new."""
+    try:
+        data = json.dumps({"fingerprint": _fingerprint(), "statements": statements})
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(descriptor, "w") as file:
+                file.write(data)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except (OSError, TypeError, ValueError):
+        pass  # kept in memory: the next process compiles again, nothing is wrong
+
+
 class Transaction:
     """The statements of one write transaction (Database.transaction)."""
 
-    def __init__(self, database: Database, cursor: DBAPICursor) -> None:
+    def __init__(self, database: Database, cursor: Cursor) -> None:
         self._database = database
         self._cursor = cursor
 
-    def execute(self, statement: ClauseElement, params: Mapping[str, Any] = {}) -> int:
+    def execute(self, statement: Statement, params: Mapping[str, Any] = {}) -> int:
         """Run it; how many rows it changed."""
         self._database.run(self._cursor, statement, params)
         return int(self._cursor.rowcount)
 
-    def rows(
-        self, statement: ClauseElement, params: Mapping[str, Any] = {}
-    ) -> list[dict[str, Any]]:
+    def rows(self, statement: Statement, params: Mapping[str, Any] = {}) -> list[dict[str, Any]]:
         self._database.run(self._cursor, statement, params)
         return _dicts(self._cursor)
 
 
 class Database:
-    """The catalog's statements on the engine's driver connections.
+    """The catalog's statements on the driver's connections.
 
-    SQLite: one connection per thread, kept (sqlite3 wants a connection per thread; opening
-    one per statement would cost more than the statement). Postgres: one from the engine's
-    pool for each operation.
+    SQLite (sqlite: the file): one sqlite3 connection per thread, kept (sqlite3 wants a
+    connection per thread; opening one per statement would cost more than the statement);
+    SQLAlchemy is imported only to compile a statement the SqlCache lacks, or to migrate.
+    Postgres (url): one connection from the SQLAlchemy engine's pool for each operation.
     """
 
-    def __init__(self, engine: Engine, where: str, busy_timeout: float) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        where: str,
+        busy_timeout: float,
+        sqlite: Path | None = None,
+        url: URL | None = None,
+    ) -> None:
         self.where = where
         self.busy_timeout = busy_timeout
-        self.sqlite = engine.dialect.name == "sqlite"
-        self._prepared: dict[tuple[int, tuple[str, ...]], tuple[ClauseElement, Prepared]] = {}
-        self._kept: dict[threading.Thread, PoolProxiedConnection] = {}
+        self.sqlite = sqlite
+        self.dialect = "sqlite" if sqlite is not None else "postgresql"
+        self._engine = None if url is None else make_engine(url, busy_timeout)
+        path = None if sqlite is None else sqlite.with_name(sqlite.name + SQL_CACHE_SUFFIX)
+        self._cache = SqlCache(path)
+        self._kept: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (for SQLite made when first asked for: migrations)."""
+        if self._engine is None:
+            from sqlalchemy.engine import URL
+
+            assert self.sqlite is not None
+            url = URL.create("sqlite+pysqlite", database=str(self.sqlite))
+            with self._lock:
+                self._engine = self._engine or make_engine(url, self.busy_timeout)
+        return self._engine
 
     def close(self) -> None:
         with self._lock:
             kept, self._kept = self._kept, {}
         for connection in kept.values():
             connection.close()
-        self.engine.dispose()
+        if self._engine is not None:
+            self._engine.dispose()
 
-    def prepare(self, statement: ClauseElement, keys: Sequence[str] = ()) -> Prepared:
-        """The statement compiled for this dialect, once (statements are module constants;
-        an INSERT's columns are the keys it is given)."""
-        key = (id(statement), tuple(keys))
-        found = self._prepared.get(key)
+    def prepare(self, statement: Statement, columns: Sequence[str] = ()) -> Prepared:
+        """The statement compiled for this dialect, once (an INSERT's columns are the
+        parameters it is given)."""
+        key = statement.key(columns)
+        found = self._cache.get(key)
         if found is None:
-            compiled = statement.compile(
-                dialect=self.engine.dialect, column_keys=list(keys) or None
-            )
-            assert isinstance(compiled, SQLCompiler)
-            found = (statement, Prepared(compiled))
-            with self._lock:
-                self._prepared[key] = found  # the statement kept: its id stays its own
-        return found[1]
+            from sqlalchemy.sql.compiler import SQLCompiler
 
-    def run(self, cursor: DBAPICursor, statement: ClauseElement, params: Mapping[str, Any]) -> None:
-        prepared = self.prepare(statement, tuple(params) if _is_insert(statement) else ())
+            from spillbox.catalog import statements
+
+            built = getattr(statements, statement.name)
+            if isinstance(built, FunctionType):
+                built = built(self.dialect, *statement.args)
+            assert bool(getattr(built, "is_insert", False)) == statement.insert, statement
+            compiled = built.compile(dialect=self.engine.dialect, column_keys=list(columns) or None)
+            assert isinstance(compiled, SQLCompiler)
+            found = Prepared.compiled(compiled)
+            self._cache.put(key, found)
+        return found
+
+    def run(self, cursor: Cursor, statement: Statement, params: Mapping[str, Any]) -> None:
+        prepared = self.prepare(statement, tuple(params) if statement.insert else ())
         cursor.execute(prepared.sql, prepared.args(params))
 
     def errors(self, doing: str) -> AbstractContextManager[None]:
@@ -186,8 +338,9 @@ class Database:
         return translated(self.where, self.busy_timeout, doing)
 
     @contextmanager
-    def _connection(self, doing: str) -> Iterator[PoolProxiedConnection]:
+    def _connection(self, doing: str) -> Iterator[sqlite3.Connection]:
         """SQLite: this thread's kept connection."""
+        assert self.sqlite is not None
         with self.errors(doing):
             thread = threading.current_thread()
             kept = self._kept.get(thread)
@@ -195,13 +348,16 @@ class Database:
                 with self._lock:
                     for gone in [t for t in self._kept if not t.is_alive()]:
                         self._kept.pop(gone).close()
-                kept = self._kept[thread] = self.engine.raw_connection()
+                connection = sqlite3.connect(
+                    self.sqlite, timeout=self.busy_timeout, check_same_thread=False
+                )
+                kept = self._kept[thread] = _sqlite_ready(connection)
             yield kept
 
     @contextmanager
     def _postgres(
-        self, doing: str, first: Callable[[DBAPICursor], _T]
-    ) -> Iterator[tuple[PoolProxiedConnection, DBAPICursor, _T]]:
+        self, doing: str, first: Callable[[Cursor], _T]
+    ) -> Iterator[tuple[PoolProxiedConnection, Cursor, _T]]:
         """A connection of the pool in autocommit, the cursor that ran first(cursor) on it
         (a read, or the BEGIN of a transaction), and what first returned. A connection the
         server dropped while it was pooled (a restart, an idle timeout) fails at that first
@@ -234,15 +390,19 @@ class Database:
                 return
 
     def rows(
-        self, doing: str, statement: ClauseElement, params: Mapping[str, Any] = {}
+        self, doing: str, statement: Statement | str, params: Mapping[str, Any] = {}
     ) -> list[dict[str, Any]]:
-        """A read: its rows as dicts of column names."""
+        """A read: its rows as dicts of column names. A str is plain SQL with no parameters,
+        run as it is."""
 
-        def read(cursor: DBAPICursor) -> list[dict[str, Any]]:
-            self.run(cursor, statement, params)
+        def read(cursor: Cursor) -> list[dict[str, Any]]:
+            if isinstance(statement, str):
+                cursor.execute(statement)
+            else:
+                self.run(cursor, statement, params)
             return _dicts(cursor)
 
-        if not self.sqlite:
+        if self.sqlite is None:
             with self._postgres(doing, read) as (_, _, found):
                 return found
         with self._connection(doing) as connection:
@@ -255,7 +415,7 @@ class Database:
     @contextmanager
     def transaction(self, doing: str) -> Iterator[Transaction]:
         """A write transaction; on SQLite it takes the write lock up front."""
-        if not self.sqlite:
+        if self.sqlite is None:
             with self._postgres(doing, lambda cursor: cursor.execute("BEGIN")) as opened:
                 connection, cursor, _ = opened
                 try:
@@ -265,15 +425,15 @@ class Database:
                     connection.rollback()
                     raise
             return
-        with self._connection(doing) as connection:
-            cursor = connection.cursor()
+        with self._connection(doing) as kept:
+            cursor = kept.cursor()
             try:
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
                     yield Transaction(self, cursor)
-                    connection.commit()
+                    kept.commit()
                 except BaseException:
-                    connection.rollback()  # a failed commit too: the connection is kept
+                    kept.rollback()  # a failed commit too: the connection is kept
                     raise
             finally:
                 cursor.close()
@@ -284,11 +444,7 @@ def _dropped(e: BaseException, driver: Any) -> bool:
     return _kind(e) == "OperationalError" and bool(getattr(driver, "broken", False))
 
 
-def _is_insert(statement: ClauseElement) -> bool:
-    return getattr(statement, "is_insert", False) is True
-
-
-def _dicts(cursor: DBAPICursor) -> list[dict[str, Any]]:
+def _dicts(cursor: Cursor) -> list[dict[str, Any]]:
     names = [column[0] for column in cursor.description or ()]
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -307,21 +463,26 @@ def translated(where: str, busy_timeout: float, doing: str) -> Iterator[None]:
             f"the catalog {where} cannot hold text with a lone surrogate (not valid Unicode, "
             f"at position {e.start}) while {doing}: give ids and names as valid text"
         ) from None
-    except exc.DBAPIError as e:
-        raise _error(e.orig, where, busy_timeout, doing) from e
     except Exception as e:
-        if _kind(e) is None:
+        # SQLAlchemy's DBAPIError wraps the driver's exception (SQLAlchemy is not imported
+        # to tell: a process that never imported it raises none).
+        orig = e.orig if _named(e, "DBAPIError") else e  # type: ignore[attr-defined]
+        if _kind(orig) is None:
             raise
-        raise _error(e, where, busy_timeout, doing) from e
+        raise _error(orig, where, busy_timeout, doing) from e
 
 
 def _kind(e: BaseException | None) -> str | None:
     """The PEP 249 category of a driver's exception (its classes are named by the PEP)."""
-    names = {cls.__name__ for cls in type(e).__mro__}
     for kind in ("IntegrityError", "OperationalError", "DatabaseError"):
-        if kind in names:
+        if _named(e, kind):
             return kind
     return None
+
+
+def _named(e: BaseException | None, name: str) -> bool:
+    """Whether e is an instance of a class of this name."""
+    return any(cls.__name__ == name for cls in type(e).__mro__)
 
 
 def _error(

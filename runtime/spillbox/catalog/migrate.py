@@ -19,18 +19,17 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, Engine, inspect, text
-from sqlalchemy.exc import SQLAlchemyError
-
-from spillbox.catalog.database import begin_write
-from spillbox.errors import ConfigError
+from spillbox.catalog.database import Database, begin_write
+from spillbox.errors import ConfigError, SpillboxError
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
+    from sqlalchemy import Connection
 
-# Alembic (about 150 ms to import) is imported only when a schema must change: a catalog
-# already at the newest revision is opened with one plain query (upgrade's first step).
+# Alembic (about 150 ms to import) and SQLAlchemy (160 ms) are imported only when a schema
+# must change: a catalog already at the newest revision is opened with one plain query on
+# the driver's connection (upgrade's first step).
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 LOCK_KEY = zlib.crc32(b"spillbox catalog migrations")
@@ -87,10 +86,13 @@ def current(connection: Connection) -> str | None:
     return revision
 
 
-def upgrade(engine: Engine, where: str) -> bool:
+def upgrade(db: Database) -> bool:
     """Bring the schema to head under the migration lock; True if this call changed it."""
-    if _recorded(engine) == newest_file():
+    if _recorded(db) == newest_file():
         return False
+    from sqlalchemy import text
+
+    where, engine = db.where, db.engine
     with engine.connect() as connection:
         found = current(connection)
         connection.rollback()
@@ -119,20 +121,22 @@ def upgrade(engine: Engine, where: str) -> bool:
     return True
 
 
-def _recorded(engine: Engine) -> str | None:
+def _recorded(db: Database) -> str | None:
     """The revision alembic_version records, read with plain SQL; None if there is none
-    (a new or a pre-Alembic catalog) or the table says something else than one revision."""
+    (a new or a pre-Alembic catalog), the table says something else than one revision, or
+    it cannot be read (what failed fails again, with its own words, on the way to the
+    upgrade)."""
     try:
-        with engine.connect() as connection:
-            rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
-            connection.rollback()
-    except SQLAlchemyError:  # no such table yet
+        rows = db.rows("reading the schema version", "SELECT version_num FROM alembic_version")
+    except SpillboxError:  # no such table yet
         return None
-    return str(rows[0][0]) if len(rows) == 1 else None
+    return str(rows[0]["version_num"]) if len(rows) == 1 else None
 
 
 def _adopt_legacy(connection: Connection, where: str) -> str | None:
     """Stamp a pre-Alembic catalog at the revision its records name; None if it has none."""
+    from sqlalchemy import inspect, text
+
     if not inspect(connection).has_table("schema_migrations"):
         return None
     named = "name" in {c["name"] for c in inspect(connection).get_columns("schema_migrations")}

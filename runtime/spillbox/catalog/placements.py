@@ -17,11 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
-
-from spillbox.catalog import Catalog, _insert
-from spillbox.catalog.database import Transaction
-from spillbox.catalog.schema import artifacts, hosts, placements, tasks
+from spillbox.catalog import Catalog
+from spillbox.catalog.database import Statement, Transaction
 
 PLACED, LOST, SWEPT = "placed", "lost", "swept"
 UNOPENED_GRACE_SECONDS = 60.0
@@ -59,70 +56,19 @@ class Placement:
     state: str
 
 
-_OPEN_ON_HOST = (
-    select(func.count())
-    .select_from(placements.outerjoin(tasks, tasks.c.task_id == placements.c.task_id))
-    .where(
-        placements.c.host == hosts.c.name,
-        placements.c.epoch == hosts.c.epoch,
-        placements.c.state == PLACED,
-        or_(
-            tasks.c.state == "open",
-            and_(tasks.c.task_id.is_(None), placements.c.placed_at > bindparam("since")),
-        ),
-    )
-    .scalar_subquery()
-)
-_LOADS = (
-    select(hosts.c.name, hosts.c.epoch, hosts.c.cap, _OPEN_ON_HOST.label("open"))
-    .where(hosts.c.state == "up")
-    .order_by(_OPEN_ON_HOST, hosts.c.name)
-)
-_LOAD_FOR_UPDATE = (
-    select(hosts.c.name, hosts.c.epoch, hosts.c.cap, _OPEN_ON_HOST.label("open"))
-    .where(hosts.c.name == bindparam("host"), hosts.c.epoch == bindparam("epoch"))
-    .where(hosts.c.state == "up")
-    .with_for_update(of=hosts)
-)
-_PLACEMENT = select(placements).where(placements.c.task_id == bindparam("task_id"))
-_ON_EPOCH = and_(placements.c.host == bindparam("host"), placements.c.epoch == bindparam("epoch"))
-_ENDED = and_(
-    placements.c.host == bindparam("host"),
-    placements.c.epoch != bindparam("epoch"),
-    placements.c.state == PLACED,
-)
-_ENDED_LOST = update(placements).where(_ENDED).values(state=LOST)
-_EPOCH_LOST = update(placements).where(_ON_EPOCH, placements.c.state == PLACED).values(state=LOST)
-_LOST_TASKS = select(placements.c.task_id).where(placements.c.state == LOST)
-_HOST_LOST = (
-    update(hosts)
-    .where(hosts.c.name == bindparam("host"), hosts.c.epoch == bindparam("epoch"))
-    .values(state=LOST, lost_at=bindparam("at"))
-)
-_TASKS_LOST = (
-    update(tasks)
-    .where(
-        tasks.c.task_id.in_(_LOST_TASKS.where(placements.c.host == bindparam("host"))),
-        # Plain parameters: IN (...) expands when executed, which a statement compiled once
-        # for the driver cannot do.
-        or_(tasks.c.state == "open", tasks.c.state == "closed"),
-    )
-    .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("lost_by"))
-)
-_ARTIFACTS_LOST = (
-    update(artifacts)
-    .where(
-        artifacts.c.task_id.in_(_LOST_TASKS.where(placements.c.host == bindparam("host"))),
-        artifacts.c.state == "live",
-    )
-    .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("lost_by"))
-)
-_TO_SWEEP = _LOST_TASKS.where(placements.c.host == bindparam("host"))
-_SWEPT = (
-    update(placements)
-    .where(placements.c.task_id == bindparam("task_id"), placements.c.state == LOST)
-    .values(state=SWEPT)
-)
+# The statements (catalog/statements.py), by name
+_LOADS = Statement("loads")
+_LOAD_FOR_UPDATE = Statement("load_for_update")
+_PLACEMENT = Statement("placement")
+_ENDED_LOST = Statement("ended_lost")
+_EPOCH_LOST = Statement("epoch_lost")
+_HOST_LOST = Statement("host_lost")
+_TASKS_LOST = Statement("tasks_lost")
+_ARTIFACTS_LOST = Statement("artifacts_lost")
+_TO_SWEEP = Statement("to_sweep")
+_SWEPT = Statement("swept")
+_UPSERT_HOST = Statement("upsert_host", insert=True)
+_PLACE = Statement("place", insert=True)
 
 
 class Placements:
@@ -130,15 +76,6 @@ class Placements:
 
     def __init__(self, catalog: Catalog) -> None:
         self._db = catalog.db
-        dialect = catalog.engine.dialect.name
-        upsert = _insert(dialect, hosts)
-        self._upsert_host = upsert.on_conflict_do_update(
-            index_elements=["name"],
-            set_={c.name: upsert.excluded[c.name] for c in hosts.columns if c.name != "name"},
-        )
-        self._place = _insert(dialect, placements).on_conflict_do_nothing(
-            index_elements=["task_id"]
-        )
 
     def register(self, host: HostRecord) -> None:
         """Record a host's new epoch: what its earlier epochs kept is lost from now on."""
@@ -155,7 +92,7 @@ class Placements:
                 "lost_at": None,
                 "epoch": host.epoch,
             }
-            tx.execute(self._upsert_host, values)
+            tx.execute(_UPSERT_HOST, values)
 
     def lose(self, host: str, epoch: str) -> None:
         """Mark a host's epoch lost (its node died): its tasks and artifacts with it."""
@@ -190,7 +127,7 @@ class Placements:
                     "state": PLACED,
                     "placed_at": time.time(),
                 }
-                tx.execute(self._place, values)
+                tx.execute(_PLACE, values)
             found = tx.rows(_PLACEMENT, args)
         return _placement(found)
 
