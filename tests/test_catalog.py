@@ -364,6 +364,19 @@ def test_processes_opening_a_catalog_from_before_alembic_at_once_upgrade_it_once
     assert marks == [("moved_to_alembic",)]
 
 
+def test_a_sqlite_url_keeps_its_catalog_and_compiled_sql_in_that_file(
+    home: Path, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    catalog = Catalog(home, url=url)
+    catalog.open_task("t1", "{}")
+    assert catalog.path is None and catalog.where == url
+    assert [task.task_id for task in catalog.tasks()] == ["t1"]
+    catalog.close()
+    assert (tmp_path / ("elsewhere.db" + SQL_CACHE_SUFFIX)).exists()
+    assert not (home / CATALOG_FILE).exists()
+
+
 def test_an_unwritable_home_is_a_config_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -376,6 +389,8 @@ def test_an_unwritable_home_is_a_config_error(tmp_path: Path) -> None:
     [
         ("not a url", "is not a database URL"),
         ("mysql://u@h/db", "runs on SQLite or Postgres"),
+        ("sqlite://", "names no file"),
+        ("sqlite:///:memory:", "names no file"),
     ],
 )
 def test_a_catalog_url_it_cannot_use_is_a_config_error(home: Path, url: str, said: str) -> None:
