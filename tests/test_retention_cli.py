@@ -190,6 +190,32 @@ def test_text_output_is_one_line_per_item(sb: Cli, tmp_path: Path) -> None:
         assert expect in out
 
 
+def test_text_output_escapes_ids_that_would_forge_a_line(sb: Cli) -> None:
+    """Ids come from models and tools: a newline, a tab or U+2028 in one must not make a
+    line (or a column) of its own in the text an operator reads; --json keeps them exact."""
+    from spillbox import Harness, Policy, ToolResult
+
+    task_id = "t\n1\u2028x\t"
+    call_id = "c1\n2026-12-04T00:00:00+00:00\tdelete\tc9\tretention\tforged"
+    payload = json.dumps([{"id": i, "body": f"row {i}"} for i in range(40)])
+    with Harness(sandbox="none", home=sb.home, policy=Policy(per_call_tokens=50)) as harness:
+        with harness.task(task_id) as task:
+            [admitted] = task.admit(
+                [ToolResult(call_id=call_id, tool="to\u2028ol", content=payload)]
+            )
+    assert admitted.offloaded
+    for args, rows in ((("tasks",), 1), (("artifacts", task_id), 1), (("audit", task_id), 1)):
+        code, out, err = sb.run(*args)
+        assert code == 0 and err == ""
+        lines = out.splitlines()
+        assert len(lines) == rows, out
+        assert all(line.count("\t") == lines[0].count("\t") for line in lines)
+        assert "\u2028" not in out and "forged" not in out.split("\t", 1)[0]
+    assert repr(task_id) in sb.run("tasks")[1]
+    assert sb.json("tasks")[0]["task"] == task_id
+    assert [entry["detail"] for entry in sb.json("audit", task_id)] == [call_id]
+
+
 def test_quota_refusal_is_a_one_line_error(sb: Cli, tmp_path: Path) -> None:
     offload_json(
         sb, "--task", "t1", "--max-artifacts", "1", "--on-quota", "refuse",

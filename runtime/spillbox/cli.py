@@ -423,6 +423,15 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, ensure_ascii=False) if args.json else text)
 
 
+def _field(value: str | None) -> str:
+    """A value in a line of text output, as it is if printable; else in Python's escaped
+    form (repr), so that a newline, a tab or U+2028 in an id a model or a tool chose never
+    makes a line or a column of its own (--json gives the exact value)."""
+    if value is None:
+        return "-"
+    return value if value.isprintable() else repr(value)
+
+
 def _iso(seconds: float | None) -> str | None:
     if seconds is None:
         return None
@@ -515,7 +524,8 @@ def _tasks(args: argparse.Namespace) -> int:
                 }
             )
     lines = [
-        f"{d['task']}\t{d['state']}\t{d['artifacts']} artifacts\t{d['bytes']} bytes" for d in data
+        f"{_field(d['task'])}\t{d['state']}\t{d['artifacts']} artifacts\t{d['bytes']} bytes"
+        for d in data
     ]
     _print(args, data, "\n".join(lines) if lines else "no tasks")
     return 0
@@ -524,7 +534,7 @@ def _tasks(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     with _harness(args) as harness:
         held = harness.remove(args.task)
-    text = f"removed task {args.task}"
+    text = f"removed task {_field(args.task)}"
     if held:
         text += f"; {held} pinned artifacts kept under legal hold (unpin, then rm again)"
     _print(args, {"removed": args.task, "pinned_kept": held}, text)
@@ -557,8 +567,8 @@ def _artifacts(args: argparse.Namespace) -> int:
         rows = harness.catalog.artifacts(args.task, include_deleted=args.all)
     data = [_artifact_json(row) for row in rows]
     lines = [
-        f"{d['id']}\t{d['state']}{' pinned' if d['pinned'] else ''}\t{d['bytes']} bytes\t"
-        f"{d['path']}\texpires {d['expires'] or 'never'}"
+        f"{_field(d['id'])}\t{d['state']}{' pinned' if d['pinned'] else ''}\t{d['bytes']} bytes\t"
+        f"{_field(d['path'])}\texpires {d['expires'] or 'never'}"
         for d in data
     ]
     _print(args, data, "\n".join(lines) if lines else "no artifacts")
@@ -577,7 +587,7 @@ def _pin(args: argparse.Namespace) -> int:
         actor = f"cli:{getpass.getuser()}"
         row = task.pin(args.artifact, actor) if args.pinned else task.unpin(args.artifact, actor)
     word = "pinned" if row.pinned else "unpinned"
-    _print(args, _artifact_json(row), f"{word} {row.artifact_id}")
+    _print(args, _artifact_json(row), f"{word} {_field(row.artifact_id)}")
     return 0
 
 
@@ -598,7 +608,7 @@ def _gc(args: argparse.Namespace) -> int:
         removals = harness.gc(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     data = [asdict(r) for r in removals]
-    lines = [f"{verb} {r.kind} {r.what} ({r.reason})" for r in removals]
+    lines = [f"{verb} {r.kind} {_field(r.what)} ({r.reason})" for r in removals]
     _print(args, data, "\n".join(lines) if lines else "nothing to remove")
     return 0
 
@@ -618,7 +628,8 @@ def _audit(args: argparse.Namespace) -> int:
         for e in entries
     ]
     lines = [
-        f"{d['at']}\t{d['action']}\t{d['artifact'] or '-'}\t{d['actor']}\t{d['detail']}"
+        f"{d['at']}\t{d['action']}\t{_field(d['artifact'])}\t{_field(d['actor'])}\t"
+        f"{_field(d['detail'])}"
         for d in data
     ]
     _print(args, data, "\n".join(lines) if lines else "no entries")
