@@ -36,8 +36,10 @@ in its table; each array of objects in it, up to RECORDS_MAX_DEPTH keys deep, is
 table of its own with one row per record, named by the artifact's id and the path as the
 notice writes it ("c1/items", "c1/data.search.nodes", 'c1/["a.b"].items'): queried as fast
 as the same records stored as a bare array, where unnest over the one row re-reads the
-whole list on every query. Request {"preload": true} loads every artifact not loaded yet in
-the background, newest first (the host sends it once a payload is offloaded).
+whole list on every query. These records tables load first, from the same parse as the
+object's own table, and a query over them does not wait for that one. Request
+{"preload": true} loads every artifact not loaded yet in the background, newest first (the
+host sends it once a payload is offloaded).
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ SOCKET = f"{CACHE}/engine.sock"
 START_LOCK = f"{CACHE}/engine.lock"
 ENGINE_LOG = f"{CACHE}/engine.log"
 LOADED = "_spillbox_loaded"
+"""What is loaded: a row per part of an artifact (its id for its own table, and for a JSON
+object its id and RECORDS for its records tables) and the stamp of the file it was read from."""
+WHOLE = ""
+RECORDS = "/"
+"""The parts of an artifact loaded apart, as suffixes of its id in LOADED."""
+PARSED = "_spillbox_parsed"
+"""The temporary table (a cursor's own, in memory) a JSON object is parsed into while its
+records tables and then its own table are made from it."""
 READERS = {
     "json": "read_json_auto('{path}', maximum_object_size={size})",
     "ndjson": "read_json_auto('{path}', format='newline_delimited')",
@@ -96,6 +106,16 @@ START_SECONDS = 60.0
 CHECK_SECONDS = 5.0
 """How often an idle engine checks that its socket is still its own (the host deletes the
 cache when an artifact is deleted; an engine nobody can reach then exits)."""
+WAL_BYTES = "256MiB"
+"""How much a load may leave in DuckDB's write-ahead log before its commit checkpoints the
+tables file (DuckDB's default, 16 MiB, made every large load write its table twice before
+the query waiting for it ran: 0.3 s of a 40 MB wrapped object's 1 s). The preload
+checkpoints once it has loaded, after the queries it served, so the log stays small."""
+CHECKPOINT_ATTEMPTS = 10
+CHECKPOINT_PAUSE = 0.05
+"""A checkpoint waits for queries begun before the last load's commit (DuckDB refuses one
+while they run): tried this many times, this far apart, then left to the next preload or
+to WAL_BYTES."""
 NOWHERE = (1 << 64) - 1
 """DuckDB's query_location for a node that has none."""
 RECORDS_MAX_DEPTH = 4
@@ -204,6 +224,7 @@ def serve() -> None:
     con.execute("SET autoinstall_known_extensions=false")
     con.execute("SET autoload_known_extensions=false")
     con.execute(f"SET threads={max(os.cpu_count() or 1, 1)}")
+    con.execute(f"SET checkpoint_threshold='{WAL_BYTES}'")
     con.execute("SET lock_configuration=true")
     con.execute(f"CREATE TABLE IF NOT EXISTS {LOADED} (name VARCHAR PRIMARY KEY, stamp VARCHAR)")
     drop_deleted(con)
@@ -250,7 +271,12 @@ def answer(cursor: DuckDBPyConnection, client: socket.socket, loader: Loader) ->
 
 class Loader:
     """Loads each artifact a query names as a table, once per task: a query that needs an
-    artifact being loaded waits for that load, not for the loads of others."""
+    artifact being loaded waits for that load, not for the loads of others.
+
+    A JSON object is loaded in two parts, its records tables first (WRAPPED_RECORDS, what
+    the notice's hints query) and then its own one-row table (WHOLE), from one parse: a
+    query over its records waits only for the first, the slower one-row table loading
+    after it has answered."""
 
     def __init__(self) -> None:
         self._locks: dict[str, threading.Lock] = {}
@@ -261,7 +287,12 @@ class Loader:
     def load(self, cursor: DuckDBPyConnection, sql: str, wait: float = -1) -> list[str]:
         """Load what sql names (by artifact id) and is not loaded yet; return load errors.
         Raises TimeoutError if an artifact it names is still loading after wait seconds."""
-        return self._load_each(cursor, [file for file in _table_files() if file[0] in sql], wait)
+        named = [
+            (stem, name, ext, parts_named(sql, stem, name, ext))
+            for stem, name, ext in _table_files()
+            if stem in sql
+        ]
+        return self._load_each(cursor, named, wait)
 
     def preload(self, cursor: DuckDBPyConnection) -> None:
         """Load every artifact not loaded yet, newest first, in a thread of its own (one at
@@ -282,24 +313,38 @@ class Loader:
                         self._preloading = False
                         return
                     self._wanted = False
+                files = [
+                    (stem, name, ext, parts_named(None, stem, name, ext))
+                    for stem, name, ext in _table_files(newest_first=True)
+                ]
                 # Its errors are the business of the query that names the artifact: its own
                 # load tries again and reports them.
-                self._load_each(cursor, _table_files(newest_first=True), -1)
+                self._load_each(cursor, files, -1)
+                checkpoint(cursor)
 
     def _load_each(
-        self, cursor: DuckDBPyConnection, files: list[tuple[str, str, str]], wait: float
+        self,
+        cursor: DuckDBPyConnection,
+        files: list[tuple[str, str, str, tuple[str, ...]]],
+        wait: float,
     ) -> list[str]:
         import duckdb
 
         errors = []
         deadline = time.monotonic() + wait
-        for stem, name, ext in files:
-            with self._guard:
-                lock = self._locks.setdefault(stem, threading.Lock())
-            if not lock.acquire(timeout=max(deadline - time.monotonic(), 0) if wait >= 0 else -1):
-                raise TimeoutError(f"artifact {stem} was still loading as a table")
+        for stem, name, ext, parts in files:
+            parsed = None  # the stamp of the file the cursor's PARSED table holds
             try:
-                self._load(cursor, stem, name, ext)
+                for part in parts:
+                    with self._guard:
+                        lock = self._locks.setdefault(stem + part, threading.Lock())
+                    timeout = max(deadline - time.monotonic(), 0) if wait >= 0 else -1
+                    if not lock.acquire(timeout=timeout):
+                        raise TimeoutError(f"artifact {stem} was still loading as a table")
+                    try:
+                        parsed = self._load(cursor, stem, name, ext, part, parsed)
+                    finally:
+                        lock.release()
             except duckdb.InterruptException:
                 raise  # past the query's timeout: reported as such
             except duckdb.Error as e:
@@ -307,12 +352,24 @@ class Loader:
             except FileNotFoundError:
                 pass  # deleted since it was listed: the query says what is missing
             finally:
-                lock.release()
+                if parsed is not None:
+                    cursor.execute(f"DROP TABLE IF EXISTS {PARSED}")
         return errors
 
-    def _load(self, cursor: DuckDBPyConnection, stem: str, name: str, ext: str) -> None:
-        """Load the artifact as its table (and, for a JSON object, each records array it
-        holds as a table of its own), unless the table holds the file as it is now.
+    def _load(
+        self,
+        cursor: DuckDBPyConnection,
+        stem: str,
+        name: str,
+        ext: str,
+        part: str,
+        parsed: str | None,
+    ) -> str | None:
+        """Load one part of the artifact (WHOLE: its table; RECORDS: a JSON object's
+        records tables), unless the tables hold the file as it is now. The records are
+        read from the object parsed into the cursor's PARSED table, which is kept for its
+        WHOLE part (from the file again if parsed, the stamp of what PARSED holds, is not
+        the file's now); returns what PARSED holds after.
 
         A file that grows (a task's history, appended to in place by the host) is loaded
         again when its size or time changes; a load during which it changed is done again,
@@ -321,41 +378,77 @@ class Loader:
         for attempt in range(LOAD_ATTEMPTS):
             info = whole_lines(path, ext)
             stamp = f"{info.st_size}:{info.st_mtime_ns}"
-            found = cursor.execute(f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem]).fetchone()
+            found = cursor.execute(
+                f"SELECT stamp FROM {LOADED} WHERE name = ?", [stem + part]
+            ).fetchone()
             if found is not None and found[0] == stamp:
-                return
+                return parsed
             # A JSON document is one object to DuckDB: records wrapped in an envelope are as
             # large as the whole file, so the bound is the file's size (64 MiB at least).
             size = max(MIN_OBJECT_SIZE, info.st_size + 1)
             reader = READERS[ext].format(path=path.replace("'", "''"), size=size)
             cursor.execute("BEGIN TRANSACTION")
             try:
-                create_tables(cursor, stem, reader, _is_object(name, ext))
-                cursor.execute(f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem, stamp])
+                drop_tables(cursor, stem, (part,))
+                if part == RECORDS:
+                    cursor.execute(
+                        f"CREATE OR REPLACE TEMP TABLE {PARSED} AS SELECT * FROM {reader}"
+                    )
+                    create_records_tables(cursor, stem)
+                else:
+                    source = PARSED if parsed == stamp else reader
+                    cursor.execute(f"CREATE TABLE {quote(stem)} AS SELECT * FROM {source}")
+                cursor.execute(
+                    f"INSERT OR REPLACE INTO {LOADED} VALUES (?, ?)", [stem + part, stamp]
+                )
                 after = os.stat(path)
                 if (after.st_size, after.st_mtime_ns) != (info.st_size, info.st_mtime_ns):
                     if attempt + 1 < LOAD_ATTEMPTS:
                         cursor.execute("ROLLBACK")
                         continue  # appended to while it loaded: load what it is now
                 cursor.execute("COMMIT")
-                return
+                return stamp if part == RECORDS else parsed
             except BaseException:
                 cursor.execute("ROLLBACK")
                 raise
+        return parsed
 
 
-def create_tables(cursor: DuckDBPyConnection, stem: str, reader: str, is_object: bool) -> None:
-    """The artifact's table, read by reader, and for a JSON object a table of each array of
-    records it holds (named by records_table), replacing what an earlier load made."""
-    drop_tables(cursor, stem)
-    cursor.execute(f"CREATE TABLE {quote(stem)} AS SELECT * FROM {reader}")
-    if not is_object:
-        return
-    table = cursor.table(quote(stem))
+def parts_named(sql: str | None, stem: str, name: str, ext: str) -> tuple[str, ...]:
+    """The parts of an artifact to load for sql (which names its id; None: a preload, all
+    of them): a JSON object's records tables if it names "stem/...", its own table if it
+    names the id otherwise (or may: "c1" in "c10" counts, and makes the query wait for more
+    than it needs, never less). Only such a query reads the file's head, to see whether it
+    holds an object: a loaded table answers even once its file cannot be read."""
+    records = ext == "json" and (sql is None or f"{stem}/" in sql)
+    if not records or not _is_object(name):
+        return (WHOLE,)
+    if sql is None or re.search(re.escape(stem) + "(?!/)", sql):
+        return (RECORDS, WHOLE)
+    return (RECORDS,)
+
+
+def checkpoint(cursor: DuckDBPyConnection) -> None:
+    """Write what the loads left in the log into the tables file, once no query holds an
+    older view of them (or leave it to the next time)."""
+    import duckdb
+
+    for _ in range(CHECKPOINT_ATTEMPTS):
+        try:
+            cursor.execute("CHECKPOINT")
+            return
+        except duckdb.TransactionException:
+            time.sleep(CHECKPOINT_PAUSE)
+
+
+def create_records_tables(cursor: DuckDBPyConnection, stem: str) -> None:
+    """A table of each array of records the JSON object in PARSED holds (named by
+    records_table)."""
+    table = cursor.table(PARSED)
     for path_keys in record_arrays(list(zip(table.columns, table.dtypes, strict=True))):
         cursor.execute(
             f"CREATE TABLE {quote(records_table(stem, path_keys))} AS "
-            f"SELECT unnest({field(path_keys)}, max_depth := 2) FROM {quote(stem)}"
+            f"SELECT unnest({field(path_keys)}, max_depth := 2) FROM {PARSED}"
         )
 
 
@@ -403,32 +496,43 @@ def _modified(name: str) -> int:
         return 0  # deleted since it was listed: its load finds it gone
 
 
-def _is_object(name: str, ext: str) -> bool:
-    """Whether a payload is one JSON object (its table one row, whose arrays of objects get
-    tables of their own), not an array or lines of records (whose arrays stay in their rows)."""
-    if ext != "json":
-        return False
-    with open(os.path.join(OFFLOAD, name), "rb") as payload:
-        return payload.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")[:1] == b"{"
+def _is_object(name: str) -> bool:
+    """Whether a JSON payload is one object (its table one row, whose arrays of objects get
+    tables of their own), not an array (whose arrays stay in its rows). One that cannot be
+    read counts as an object: its parts are loaded already, or their load says why not."""
+    try:
+        with open(os.path.join(OFFLOAD, name), "rb") as payload:
+            return payload.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf")[:1] == b"{"
+    except OSError:
+        return True
 
 
-def drop_tables(cursor: DuckDBPyConnection, stem: str) -> None:
-    """Drop an artifact's table and its records tables ("stem/..." names: no artifact id
-    holds a "/"), and forget that it was loaded."""
-    found = cursor.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE table_name = ? OR starts_with(table_name, ?)",
-        [stem, f"{stem}/"],
-    ).fetchall()
-    for (table,) in found:
-        cursor.execute(f"DROP TABLE {quote(table)}")
-    cursor.execute(f"DELETE FROM {LOADED} WHERE name = ?", [stem])
+def drop_tables(
+    cursor: DuckDBPyConnection, stem: str, parts: tuple[str, ...] = (WHOLE, RECORDS)
+) -> None:
+    """Drop an artifact's table (WHOLE) or its records tables (RECORDS: "stem/..." names,
+    no artifact id holds a "/"), and forget that they were loaded."""
+    for part in parts:
+        if part == WHOLE:
+            found = cursor.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE table_name = ?", [stem]
+            ).fetchall()
+        else:
+            found = cursor.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE starts_with(table_name, ?)",
+                [f"{stem}/"],
+            ).fetchall()
+        for (table,) in found:
+            cursor.execute(f"DROP TABLE {quote(table)}")
+        cursor.execute(f"DELETE FROM {LOADED} WHERE name = ?", [stem + part])
 
 
 def drop_deleted(cursor: DuckDBPyConnection) -> None:
     """Drop the tables of artifacts whose payload is gone: deleting one stops the engine and
     then deletes its cache, and an engine started in between must not serve its tables."""
     present = {stem for stem, _, _ in _table_files()}
-    for (stem,) in cursor.execute(f"SELECT name FROM {LOADED}").fetchall():
+    for (loaded,) in cursor.execute(f"SELECT name FROM {LOADED}").fetchall():
+        stem = loaded.removesuffix(RECORDS)
         if stem not in present:
             drop_tables(cursor, stem)
 
