@@ -106,10 +106,16 @@ def test_tables_load_in_the_background_after_the_offload(task: Task, harness: Ha
         assert "early/items" not in tables(task)
         assert sql(task, 'SELECT count(*) AS n FROM "early/items"').splitlines() == ["n", "500"]
         return
+    loaded_in_background(task, "early")
+    offload(task, "second", github_search(300, seed=13))  # wakes the thread the first started
+    loaded_in_background(task, "second")
+
+
+def loaded_in_background(task: Task, name: str) -> None:
     deadline = time.monotonic() + LOAD_ROOM_SECONDS
-    while not {"early", "early/items"} <= set(tables(task)):
+    while not {name, f"{name}/items"} <= set(tables(task)):
         assert time.monotonic() < deadline, (
-            "the background load did not show early and early/items within "
+            f"the background load did not show {name} and {name}/items within "
             f"{LOAD_ROOM_SECONDS:.0f} s (room for a loaded machine)"
         )
 
