@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from spillbox.profile import (
     PROFILE_BUDGET_BYTES,
     SCAN_BUDGET_BYTES,
     SCAN_BUDGET_VALUES,
+    _decoded_array,
     _scanned_object,
     _streamed_shape,
     loaded_shape,
@@ -562,3 +564,86 @@ def test_an_array_of_objects_read_whole_from_the_end_is_counted_once_per_element
     shape = _streamed_shape(json.dumps(value).encode())
     assert shape is not None
     assert shape.arrays[-1] == ArrayFacts(("warnings",), 3, True, "objects")
+
+
+# Arrays longer than the budget: their elements decoded one by one, up to the budget
+
+
+def long_array(element: Any, pad: int = 0) -> str:
+    """A JSON array of element repeated past the budget, after a string of pad characters
+    (which moves where the budget cuts)."""
+    one = json.dumps(element)
+    repeats = PROFILE_BUDGET_BYTES // (len(one) + 2) + 50
+    return "[" + json.dumps("p" * pad) + (", " + one) * repeats + "]"
+
+
+ELEMENTS_TO_CUT = [
+    {"id": 123456789, "title": 'a title with "quotes" and \\u00e9 \u00e9', "ok": False},
+    "a long string " * 40,
+    -12345.678e-3,
+    False,
+    None,
+    [1, [2, [3, "three"]], {"k": True}],
+    "\u00e9\u4e2d\U0001f600",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(element=st.sampled_from(ELEMENTS_TO_CUT), pad=st.integers(0, 700))
+def test_an_array_cut_anywhere_by_the_budget_is_decoded_as_the_stream_describes_it(
+    element: Any, pad: int
+) -> None:
+    text = long_array(element, pad)
+    decoded, streamed = _decoded_array(text), _streamed_shape(text.encode())
+    assert decoded is not None and streamed is not None
+    assert replace(decoded, count=None) == replace(streamed, count=None)
+    assert not decoded.count_exact
+    total = len(json.loads(text))
+    assert decoded.count is not None and abs(decoded.count - total) <= 0.05 * total
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_api_records_past_the_budget_are_counted_closer_than_streamed(indent: int | None) -> None:
+    items = [{"id": i, "body": "word " * (i % 50), "labels": [{"n": i}]} for i in range(20_000)]
+    data = json.dumps(items, indent=indent).encode()
+    shape = shape_of(data)
+    assert (shape.kind, shape.element, shape.keys) == (
+        "json_array",
+        "objects",
+        ("id", "body", "labels"),
+    )
+    assert shape.count is not None and abs(shape.count - len(items)) <= 0.05 * len(items)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" + "1, " * 80_000 + "x, " + "2, " * 20_000 + "3]",  # not JSON inside the head
+        "[" + "1, " * 80_000 + "NaN, " + "2, " * 20_000 + "3]",
+        "[" + "1, " * 80_000 + "2 3, " + "4, " * 20_000 + "5]",  # no comma between two
+        "[1, 2] [" + "3, " * 90_000 + "4]",  # two arrays
+        "[" + '"' + "s" * 300_000 + '", 1]',  # a first element longer than the head
+        "[1, " + "[" * 200_000 + "]" * 200_000 + "]",  # nesting too deep for the C parser
+        "\f[" + "1, " * 90_000 + "2]",  # space JSON does not allow
+    ],
+    ids=["not-json", "nan", "no-comma", "two-arrays", "long-first", "deep", "form-feed"],
+)
+def test_what_the_c_parser_cannot_judge_goes_to_the_stream(text: str) -> None:
+    assert _decoded_array(text) is None
+    streamed = _streamed_shape(text.encode())
+    shape = shape_of(text.encode())
+    assert (shape.kind == "json_array") == (streamed is not None)
+    if streamed is not None:
+        assert replace(shape, long_strings=False) == streamed
+
+
+def test_an_array_that_ends_in_the_head_is_counted_exactly_past_trailing_space() -> None:
+    text = "[1, 2, 3]" + " \n" * PROFILE_BUDGET_BYTES
+    assert shape_of(text.encode()) == Shape(kind="json_array", count=3, element="numbers")
+
+
+def test_lines_of_arrays_past_the_budget_are_ndjson() -> None:
+    text = "".join(json.dumps([i, "row " * 10]) + "\n" for i in range(8_000))
+    assert len(text) > PROFILE_BUDGET_BYTES
+    shape = shape_of(text.encode())
+    assert shape.kind == "ndjson"

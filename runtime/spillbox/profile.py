@@ -1,10 +1,11 @@
 """What a payload is: JSON array or object, NDJSON, CSV, text lines, or binary.
 
 The profile feeds the notice and picks the file extension. It reads at most
-PROFILE_BUDGET_BYTES of a payload with a streaming parser, so a 40 MB result is
-described in milliseconds; counts beyond the budget are estimates and say so. A JSON
-object (an API response that wraps its records) up to SCAN_BUDGET_BYTES is parsed whole
-by simdjson instead, so every key and every array's length is exact.
+PROFILE_BUDGET_BYTES of a payload (an array's elements one by one, with the C parser; an
+object with a streaming parser), so a 40 MB result is described in milliseconds; counts
+beyond the budget are estimates and say so. A JSON object (an API response that wraps its
+records) up to SCAN_BUDGET_BYTES is parsed whole by simdjson instead, so every key and
+every array's length is exact.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def profile(data: bytes, text: str | None) -> Shape:
         return Shape(kind="binary", mime=_sniff_mime(data))
     stripped = text.lstrip()
     if stripped[:1] in ("[", "{"):
-        shape = _json_shape(data) or _ndjson_shape(data, text)
+        shape = _json_shape(data, text) or _ndjson_shape(data, text)
         if shape is not None:
             return replace(shape, long_strings=_has_binary_string(data))
     elif (
@@ -162,12 +163,13 @@ _KIND_NAMES = {
 }
 
 
-def _json_shape(data: bytes) -> Shape | None:
+def _json_shape(data: bytes, text: str) -> Shape | None:
     """The shape of a JSON array or object; None if the payload is not one JSON value.
 
     A payload within the budget is parsed whole by the C parser (a tenth of the streaming
-    parser's time); a larger object within the scan budget by simdjson; anything else,
-    or what they cannot parse (nesting too deep, numbers beyond 64 bits), is streamed.
+    parser's time); a larger array element by element by the same parser, up to the
+    budget; a larger object within the scan budget by simdjson; anything else, or what
+    they cannot parse (nesting too deep, numbers beyond 64 bits), is streamed.
     """
     if len(data) <= PROFILE_BUDGET_BYTES:
         try:
@@ -176,6 +178,10 @@ def _json_shape(data: bytes) -> Shape | None:
             return None
         except RecursionError:
             pass
+    elif data.lstrip()[:1] == b"[":
+        decoded = _decoded_array(text)
+        if decoded is not None:
+            return decoded
     elif (
         len(data) <= SCAN_BUDGET_BYTES
         and data.lstrip()[:1] == b"{"
@@ -185,6 +191,61 @@ def _json_shape(data: bytes) -> Shape | None:
         if scanned is not None:
             return scanned
     return _streamed_shape(data)
+
+
+def _decoded_array(text: str) -> Shape | None:
+    """A JSON array longer than the budget, from the elements in its first
+    PROFILE_BUDGET_BYTES characters, each decoded by the C parser (256 KB of API records
+    in 1.4-1.7 ms where the streaming parser took 2.5-3.2), and never more of it than
+    that, however long an element; None where the streaming parser
+    must decide: an element that is not JSON, nesting too deep for the C parser, a first
+    element longer than the budget, or data after the array's end (NDJSON)."""
+    head = text[:PROFILE_BUDGET_BYTES]
+    at = _past_space(head, 0)
+    if head[at : at + 1] != "[":
+        return None  # space JSON does not allow before it (a form feed)
+    kinds: set[str] = set()
+    keys: dict[str, None] = {}
+    elements = parsed_upto = 0
+    finished = False
+    at = _past_space(head, at + 1)
+    if head[at : at + 1] == "]":
+        finished, at = True, at + 1
+    while not finished:
+        try:
+            value, end = _ELEMENT.raw_decode(head, at)
+        except json.JSONDecodeError as e:
+            cut = e.msg.startswith("Unterminated string") or e.pos >= len(head) - _CUT_MARGIN_CHARS
+            if elements and cut:
+                break  # the element the head's end cuts short
+            return None
+        except (ValueError, RecursionError):  # NaN or Infinity; nesting too deep
+            return None
+        at = _past_space(head, end)
+        following = head[at : at + 1]
+        if following not in ("]", ","):
+            if following and at < len(head) - _CUT_MARGIN_CHARS:
+                return None  # not JSON
+            break  # the head's end cuts this element ("-12." of -12.5) or what follows it
+        elements, parsed_upto = elements + 1, end
+        kinds.add(_kind_of(value))
+        if isinstance(value, dict):
+            keys.update(dict.fromkeys(value))
+        if following == "]":
+            finished, at = True, at + 1
+        else:
+            at = _past_space(head, at + 1)
+    if not (elements or finished):
+        return None  # no whole element in the head
+    if finished and _past_space(text, at) != len(text):
+        return None  # more after the array
+    return Shape(
+        kind="json_array",
+        count=elements if finished else _extrapolated(elements, parsed_upto, len(text)),
+        count_exact=finished,
+        element=_element_name(kinds),
+        keys=tuple(keys),
+    )
 
 
 def _values_estimate(data: bytes) -> int:
@@ -215,6 +276,23 @@ def _scanned_object(data: bytes) -> Shape | None:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_ELEMENT = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _past_space(text: str, at: int) -> int:
+    """Where the first character from at on that is not JSON's space stands."""
+    match = _JSON_SPACE.match(text, at)
+    assert match is not None  # it matches the empty string
+    return match.end()
+
+
+_CUT_MARGIN_CHARS = 6
+"""How close to the head's end a decoding error may stand and still be the cut: a number,
+a literal or a \\uXXXX escape cut short ("fals") fails where it starts, or is followed by
+what cannot follow a value ("-12." of -12.5)."""
 
 
 _OBJECTS = (dict, simdjson.Object)
