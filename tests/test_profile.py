@@ -603,7 +603,7 @@ def test_an_array_cut_anywhere_by_the_budget_is_decoded_as_the_stream_describes_
 
 
 @pytest.mark.parametrize("indent", [None, 2])
-def test_api_records_past_the_budget_are_counted_closer_than_streamed(indent: int | None) -> None:
+def test_api_records_past_the_budget_are_counted_within_five_percent(indent: int | None) -> None:
     items = [{"id": i, "body": "word " * (i % 50), "labels": [{"n": i}]} for i in range(20_000)]
     data = json.dumps(items, indent=indent).encode()
     shape = shape_of(data)

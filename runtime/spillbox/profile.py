@@ -178,13 +178,13 @@ def _json_shape(data: bytes, text: str) -> Shape | None:
             return None
         except RecursionError:
             pass
-    elif data.lstrip()[:1] == b"[":
+    elif (opening := data.lstrip()[:1]) == b"[":
         decoded = _decoded_array(text)
         if decoded is not None:
             return decoded
     elif (
-        len(data) <= SCAN_BUDGET_BYTES
-        and data.lstrip()[:1] == b"{"
+        opening == b"{"
+        and len(data) <= SCAN_BUDGET_BYTES
         and _values_estimate(data) <= SCAN_BUDGET_VALUES
     ):
         scanned = _scanned_object(data)
@@ -197,9 +197,9 @@ def _decoded_array(text: str) -> Shape | None:
     """A JSON array longer than the budget, from the elements in its first
     PROFILE_BUDGET_BYTES characters, each decoded by the C parser (256 KB of API records
     in 1.4-1.7 ms where the streaming parser took 2.5-3.2), and never more of it than
-    that, however long an element; None where the streaming parser
-    must decide: an element that is not JSON, nesting too deep for the C parser, a first
-    element longer than the budget, or data after the array's end (NDJSON)."""
+    that, however long an element; None where the streaming parser must decide: an
+    element that is not JSON, nesting too deep for the C parser, a first element longer
+    than the budget, or data after the array's end (NDJSON)."""
     head = text[:PROFILE_BUDGET_BYTES]
     at = _past_space(head, 0)
     if head[at : at + 1] != "[":
@@ -239,13 +239,7 @@ def _decoded_array(text: str) -> Shape | None:
         return None  # no whole element in the head
     if finished and _past_space(text, at) != len(text):
         return None  # more after the array
-    return Shape(
-        kind="json_array",
-        count=elements if finished else _extrapolated(elements, parsed_upto, len(text)),
-        count_exact=finished,
-        element=_element_name(kinds),
-        keys=tuple(keys),
-    )
+    return _array_shape(elements, finished, parsed_upto, len(text), kinds, keys)
 
 
 def _values_estimate(data: bytes) -> int:
@@ -280,6 +274,10 @@ def _reject_constant(name: str) -> Any:
 
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 _ELEMENT = json.JSONDecoder(parse_constant=_reject_constant)
+_CUT_MARGIN_CHARS = 6
+"""How close to the head's end a decoding error may stand and still be the cut: a number,
+a literal or a \\uXXXX escape cut short ("fals") fails where it starts, or is followed by
+what cannot follow a value ("-12." of -12.5)."""
 
 
 def _past_space(text: str, at: int) -> int:
@@ -287,12 +285,6 @@ def _past_space(text: str, at: int) -> int:
     match = _JSON_SPACE.match(text, at)
     assert match is not None  # it matches the empty string
     return match.end()
-
-
-_CUT_MARGIN_CHARS = 6
-"""How close to the head's end a decoding error may stand and still be the cut: a number,
-a literal or a \\uXXXX escape cut short ("fals") fails where it starts, or is followed by
-what cannot follow a value ("-12." of -12.5)."""
 
 
 _OBJECTS = (dict, simdjson.Object)
@@ -424,11 +416,24 @@ def _streamed_array(data: bytes) -> Shape | None:
         return None
     if top is None:
         return None
+    return _array_shape(elements, finished, parsed_upto, len(data), element_kinds, keys)
+
+
+def _array_shape(
+    elements: int,
+    finished: bool,
+    parsed_upto: int,
+    size: int,
+    kinds: set[str],
+    keys: dict[str, None],
+) -> Shape:
+    """A JSON array read from its start: exact if it finished within what was read, else
+    its count extrapolated from the elements complete in parsed_upto of size."""
     return Shape(
         kind="json_array",
-        count=elements if finished else _extrapolated(elements, parsed_upto, len(data)),
+        count=elements if finished else _extrapolated(elements, parsed_upto, size),
         count_exact=finished,
-        element=_element_name(element_kinds),
+        element=_element_name(kinds),
         keys=tuple(keys),
     )
 
