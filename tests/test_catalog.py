@@ -425,6 +425,37 @@ def test_the_catalog_url_comes_from_the_settings(home: Path, postgres_url: str) 
         assert harness.tasks() == ["t1"]
 
 
+def test_the_artifacts_a_script_names_are_found_by_the_database(catalog: Catalog) -> None:
+    """An exec looks up the artifacts its script names (to log the query) without listing
+    the task's others: the database finds an id or a file name anywhere in the script, as
+    a substring, exactly as Python's `in` would (no LIKE wildcards), and a script holding
+    what no catalog can take as text (a NUL, a lone surrogate) still finds them."""
+    for task_id in ("t1", "t2"):
+        catalog.open_task(task_id, "{}")
+    for artifact_id in ("c1", "c10", "x--0123abcd", "a.b", "plain_1"):
+        catalog.add_artifact(_row("t1", artifact_id))
+    catalog.add_artifact(_row("t2", "other"))
+    assert catalog.tombstone("t1", "a.b", "manual")
+    scripts = [
+        'SELECT * FROM "c10"',
+        "cat /sandbox/offload/plain_1.json | jq .",
+        "x--0123abcd\0\ud800 a.b.json",
+        "a_b c%1 C1 other plainx1",
+        "\u2028c1\u2028",
+        "c" * 100_000,
+        "",
+    ]
+    for script in scripts:
+        for include_deleted in (False, True):
+            every = catalog.artifacts("t1", include_deleted)
+            want = [r.artifact_id for r in every if r.artifact_id in script or r.name in script]
+            found = catalog.artifacts("t1", include_deleted, named_in=script)
+            assert [r.artifact_id for r in found] == want, (script[:40], include_deleted)
+    assert [r.artifact_id for r in catalog.artifacts("t1", named_in='FROM "c10"')] == ["c1", "c10"]
+    [tombstone] = catalog.artifacts("t1", include_deleted=True, named_in="x\0\ud800 a.b.json")
+    assert (tombstone.artifact_id, tombstone.state) == ("a.b", "deleted")
+
+
 def test_two_catalogs_in_threads_lose_no_write(home: Path, catalog_url: str | None) -> None:
     Catalog(home, url=catalog_url).close()
     per_writer = 150

@@ -77,10 +77,7 @@ def run(
     if lang == "jq":
         code = jq_command(task, code, artifact)
         lang = "sh"
-    referenced = [
-        row for row in task.artifacts(include_deleted=True)
-        if row.artifact_id in code or row.name in code
-    ]  # fmt: skip
+    referenced = task.artifacts(include_deleted=True, named_in=code)
     try:
         raw = raw_exec(ExecRequest(lang, code, timeout, call))
     except SpillboxError as e:

@@ -46,6 +46,22 @@ def test_offload_is_visible_in_the_sandbox_and_queryable_by_sql(harness: Harness
         assert again.text.splitlines()[1] == "400"
 
 
+def test_a_query_is_logged_for_the_artifacts_its_script_names_and_those_only(
+    harness: Harness,
+) -> None:
+    with harness.task("q-log") as task:
+        for n, call_id in enumerate(("c1", "c2", "c3")):
+            task.admit([ToolResult(call_id=call_id, tool="list_prs", content=prs(400 + n))])
+        assert task.exec("sql", 'SELECT count(*) FROM "c1"').exit_code == 0
+        assert task.exec("sh", "wc -c /sandbox/offload/c3.json").exit_code == 0
+        queries = [
+            (entry.artifact_id, entry.actor)
+            for entry in harness.catalog.audit("q-log")
+            if entry.action == "query"
+        ]
+        assert queries == [("c1", "sandbox_exec.sql"), ("c3", "sandbox_exec.sh")]
+
+
 def test_every_hint_in_a_notice_runs(harness: Harness) -> None:
     payloads = {
         "arr": prs(300),

@@ -15,6 +15,7 @@ thing.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import time
@@ -73,6 +74,8 @@ _LIST_LIVE = Statement("list_live")
 _LIST_ALL = Statement("list_all")
 _FIND = Statement("find")
 _ID_TAKEN = Statement("id_taken")
+_UNSENDABLE = re.compile(r"[\x00\ud800-\udfff]")
+"""What no catalog's text parameter can hold: a NUL (Postgres), a lone surrogate (UTF-8)."""
 _SELECT_LOG = Statement("select_log")
 _CLAIMS = {"claimed_by": None, "claimed_until": None}
 """Claim columns of a row (re)written whole: nobody holds it."""
@@ -221,9 +224,20 @@ class Catalog:
         args = {"task_id": task_id, "ref": artifact_id}
         return bool(self.db.rows("checking an artifact id", _ID_TAKEN, args))
 
-    def artifacts(self, task_id: str, include_deleted: bool = False) -> list[ArtifactRow]:
-        statement = _LIST_ALL if include_deleted else _LIST_LIVE
-        rows = self.db.rows("listing artifacts", statement, {"task_id": task_id})
+    def artifacts(
+        self, task_id: str, include_deleted: bool = False, named_in: str | None = None
+    ) -> list[ArtifactRow]:
+        """The task's artifacts, oldest first (with tombstones if asked); named_in: only
+        those whose id or file name occurs in that text (a script that names them), found
+        by the database, however many the task has."""
+        if named_in is None:
+            statement = _LIST_ALL if include_deleted else _LIST_LIVE
+            args = {"task_id": task_id}
+        else:
+            statement = Statement("list_named_in", (include_deleted,))
+            # A NUL or a lone surrogate cannot be sent (and is in no id or name).
+            args = {"task_id": task_id, "text": _UNSENDABLE.sub("\ufffd", named_in)}
+        rows = self.db.rows("listing artifacts", statement, args)
         return [_artifact(row) for row in rows]
 
     def find(self, task_id: str, ref: str) -> ArtifactRow | None:
