@@ -8,8 +8,9 @@ goes; one run measures, as medians:
   row and its access-log entry, notice);
 - store floor: encoding the text, one sha256 and writing the file, what storing alone
   must cost;
-- catalog: the catalog's share alone, the de-duplication query and the artifact's row
-  with its log entry (Catalog.identical + Catalog.add_artifact), on a task of its own.
+- catalog: the catalog's share alone, the de-duplication query (which also says whether
+  the id is taken) and the artifact's row with its log entry (Catalog.identical +
+  Catalog.add_artifact), on a task of its own.
 
 Read the ratios (offload / floor, catalog / offload): absolute times on a shared 2-core
 machine are noisy. SPILLBOX_CATALOG_URL, when set, runs it against that database.
@@ -97,7 +98,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             row = _row("bench-catalog", i)
 
             def record(row: ArtifactRow = row) -> None:
-                catalog.identical(row.task_id, row.sha256, row.bytes)
+                catalog.identical(row.task_id, row.sha256, row.bytes, row.artifact_id)
                 catalog.add_artifact(row)
 
             rows.append(timed(record)[0])

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from catalog_backends import run_at_once
 from spillbox import Harness
 from spillbox.catalog import CATALOG_FILE, Catalog, claims, migrate
-from spillbox.catalog.database import SQL_CACHE_SUFFIX
+from spillbox.catalog.database import SQL_CACHE_SUFFIX, Statement
 from spillbox.catalog.schema import metadata
 from spillbox.config import Settings
 from spillbox.errors import ConfigError, StorageError
@@ -300,8 +300,9 @@ def test_a_catalog_from_before_migrations_were_named_is_upgraded_too(home: Path)
     catalog = Catalog(home)
     assert catalog.revision() == migrate.head()
     assert _old_rows(home) == before
-    found = catalog.identical("t1", "a" * 64, 10)
+    found, taken = catalog.identical("t1", "a" * 64, 10, "a2")
     assert found is not None and found.artifact_id == "a1" and found.kind is None
+    assert not taken
     catalog.add_artifact(_row("t1", "a2", kind="ndjson"))
     assert [r.kind for r in catalog.artifacts("t1")] == [None, "ndjson"]
     catalog.close()
@@ -423,6 +424,30 @@ def test_the_catalog_url_comes_from_the_settings(home: Path, postgres_url: str) 
         assert harness.catalog.path == home / CATALOG_FILE and harness.tasks() == []
     with Harness(sandbox="none", home=home, catalog_url=postgres_url, gc_interval=-1) as harness:
         assert harness.tasks() == ["t1"]
+
+
+def test_one_read_finds_the_oldest_identical_payload_and_whether_the_id_is_taken(
+    catalog: Catalog,
+) -> None:
+    """What storing a payload asks first: the oldest live artifact with the same bytes
+    (never a tombstone, never an appendable one, whose bytes change), and whether the id
+    it would get is taken (a tombstone's too: an id is one artifact's forever)."""
+    catalog.open_task("t1", "{}")
+    catalog.open_task("t2", "{}")
+    same = {"sha256": "a" * 64, "bytes": 10}
+    catalog.add_artifact(_row("t1", "gone", **same))
+    assert catalog.tombstone("t1", "gone", "manual")
+    catalog.add_artifact(_row("t1", "grows", origin="append", **same))
+    catalog.add_artifact(_row("t1", "first", created_at=100.0, **same))
+    catalog.add_artifact(_row("t1", "second", created_at=200.0, **same))
+    catalog.add_artifact(_row("t1", "other", sha256="b" * 64))
+    catalog.add_artifact(_row("t2", "elsewhere", sha256="c" * 64))
+    for ref, taken in [("gone", True), ("other", True), ("new", False), ("elsewhere", False)]:
+        found, said = catalog.identical("t1", "a" * 64, 10, ref)
+        assert found is not None and found.artifact_id == "first", ref
+        assert said is taken, ref
+    assert catalog.identical("t1", "a" * 64, 11, "first") == (None, True)
+    assert catalog.identical("t1", "c" * 64, 10, "x") == (None, False)
 
 
 def test_the_artifacts_a_script_names_are_found_by_the_database(catalog: Catalog) -> None:
@@ -594,6 +619,23 @@ def test_a_postgres_lock_held_elsewhere_is_the_same_clear_error(
     catalog.close()
 
 
+def test_a_batch_of_writes_that_fails_half_way_writes_nothing(catalog: Catalog) -> None:
+    """A batch (on Postgres sent at once, BEGIN to COMMIT) is one transaction: a statement
+    that fails takes back the ones before it, the error is the catalog's one line, and the
+    next write finds the catalog as it was."""
+    catalog.open_task("t1", "{}")
+    catalog.add_artifact(_row("t1", "a1"))
+    pin = (Statement("pin"), {"key_task": "t1", "key_artifact": "a1", "pinned": 1})
+    bad_log = (Statement("insert_log", insert=True), {"task_id": "t1", "action": None})
+    with pytest.raises(StorageError):
+        catalog.db.batch("testing a batch", [pin, bad_log])
+    assert catalog.artifacts("t1")[0].pinned is False
+    assert [e.action for e in catalog.audit("t1")] == ["offload"]
+    catalog.set_pinned("t1", "a1", True, "test")
+    assert catalog.artifacts("t1")[0].pinned is True
+    assert [e.action for e in catalog.audit("t1")] == ["offload", "pin"]
+
+
 def test_postgres_connections_the_server_dropped_are_replaced(
     home: Path, postgres_url: str
 ) -> None:
@@ -613,14 +655,19 @@ def test_postgres_connections_the_server_dropped_are_replaced(
         ).fetchall()
     assert len(ended) >= 3
     assert catalog.task("t1") is not None  # a read
-    catalog.log("t1", None, "read", "test")  # a write transaction
-    with psycopg.connect(postgres_url, autocommit=True) as other:
-        other.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-    catalog.log("t1", None, "read", "test")  # the write first, this time
-    assert [e.action for e in catalog.audit("t1")] == ["read", "read"]
+    catalog.log("t1", None, "read", "test")  # a batch of writes (one round trip)
+    writes = [
+        lambda: catalog.log("t1", None, "read", "test"),
+        lambda: catalog.add_artifact(_row("t1", "a1")),  # a write transaction
+    ]
+    for write in writes:  # each first after every pooled connection was ended
+        with psycopg.connect(postgres_url, autocommit=True) as other:
+            other.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        write()
+    assert [e.action for e in catalog.audit("t1")] == ["read", "read", "offload"]
     catalog.close()
 
 

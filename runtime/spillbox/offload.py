@@ -78,7 +78,7 @@ def offload(
     with dest.storage.stage(request.data, want=name) as staged:
         # The same bytes again (a tool repeating itself, a script printing an artifact
         # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
-        same = dest.catalog.identical(dest.task_id, staged.sha256, staged.bytes)
+        same, taken = dest.catalog.identical(dest.task_id, staged.sha256, staged.bytes, name[0])
         if same is not None:
             host_path = dest.storage.offload / same.name
             stored = StoredFile(same.name, host_path, same.sha256, same.bytes)
@@ -87,7 +87,7 @@ def offload(
             same_as = None if same.call_id == request.result.call_id else same.artifact_id
             return _stored(dest, request, stored, shape, redaction, 0, same_as=same_as)
         origin: Origin = "file" if request.reason == "output" else "call"
-        stored = _publish(dest, staged, request, shape, redaction, origin, name)
+        stored = _publish(dest, staged, request, shape, redaction, origin, name, taken)
     return _stored(dest, request, stored, shape, redaction, stored.bytes)
 
 
@@ -246,20 +246,25 @@ def _publish(
     redaction: Redaction | None,
     origin: Origin,
     name: tuple[str, str],
+    stem_taken: bool | None = None,
 ) -> StoredFile:
     """Make room under the quota, make the payload visible (as name's stem and extension,
-    or the first free stem after it) and record it as from origin."""
+    or the first free stem after it) and record it as from origin. stem_taken: whether
+    the catalog had the stem's id already, if it was asked (Catalog.identical)."""
+
+    stem, extension = name
+
+    def taken(artifact_id: str) -> bool:
+        if artifact_id == stem and stem_taken is not None:
+            return stem_taken
+        return dest.catalog.id_taken(dest.task_id, artifact_id)
+
     with _quota(dest, None, staged.bytes):
-        stem, extension = name
         refused: set[str] = set()
         while True:
             # An id the catalog knows, a tombstone's too, is never given again; one that
             # another process recorded after our check is refused by the insert: try on.
-            stored = staged.publish(
-                stem,
-                extension,
-                reserved=lambda s: s in refused or dest.catalog.id_taken(dest.task_id, s),
-            )
+            stored = staged.publish(stem, extension, reserved=lambda s: s in refused or taken(s))
             try:
                 if _record(dest, request, stored, shape, redaction, origin):
                     return stored

@@ -273,15 +273,13 @@ class Catalog:
             "at": time.time(),
             "expires_at": expires_at,
         }
-        with self.db.transaction("recording an access") as tx:
-            tx.execute(_TOUCH, args)
-            _log(tx, task_id, artifact_id, action, actor, detail)
+        logged = _log_entry(task_id, artifact_id, action, actor, detail)
+        self.db.batch("recording an access", [(_TOUCH, args), logged])
 
     def set_pinned(self, task_id: str, artifact_id: str, pinned: bool, actor: str) -> None:
         args = {"key_task": task_id, "key_artifact": artifact_id, "pinned": int(pinned)}
-        with self.db.transaction("pinning an artifact") as tx:
-            tx.execute(_PIN, args)
-            _log(tx, task_id, artifact_id, "pin" if pinned else "unpin", actor, "")
+        logged = _log_entry(task_id, artifact_id, "pin" if pinned else "unpin", actor, "")
+        self.db.batch("pinning an artifact", [(_PIN, args), logged])
 
     def tombstone(self, task_id: str, artifact_id: str, by: str) -> bool:
         """Mark an artifact deleted, unless pinned; False if it was pinned or already gone
@@ -293,19 +291,26 @@ class Catalog:
                 _log(tx, task_id, artifact_id, "delete", "retention", by)
         return bool(changed)
 
-    def identical(self, task_id: str, sha256: str, size: int) -> ArtifactRow | None:
-        """A live artifact of the task with exactly these bytes (by digest and size)."""
-        args = {"task_id": task_id, "sha256": sha256, "bytes": size}
+    def identical(
+        self, task_id: str, sha256: str, size: int, artifact_id: str
+    ) -> tuple[ArtifactRow | None, bool]:
+        """The task's oldest live artifact with exactly these bytes (by digest and size),
+        and whether artifact_id is taken (as id_taken says): what storing a payload asks
+        first, in one read."""
+        args = {"task_id": task_id, "sha256": sha256, "bytes": size, "ref": artifact_id}
         rows = self.db.rows("finding an identical artifact", _SELECT_IDENTICAL, args)
-        return _artifact(rows[0]) if rows else None
+        taken = any(row["artifact_id"] == artifact_id for row in rows)
+        same = next((row for row in rows if row.pop("identical")), None)
+        return (None if same is None else _artifact(same)), taken
 
     # The access log
 
     def log(
         self, task_id: str, artifact_id: str | None, action: Action, actor: str, detail: str = ""
     ) -> None:
-        with self.db.transaction("writing the access log") as tx:
-            _log(tx, task_id, artifact_id, action, actor, detail)
+        self.db.batch(
+            "writing the access log", [_log_entry(task_id, artifact_id, action, actor, detail)]
+        )
 
     def audit(self, task_id: str) -> list[AccessEntry]:
         rows = self.db.rows("reading the access log", _SELECT_LOG, {"task_id": task_id})
@@ -325,17 +330,22 @@ def _log(
     actor: str,
     detail: str,
 ) -> None:
-    tx.execute(
-        _INSERT_LOG,
-        {
-            "task_id": task_id,
-            "artifact_id": artifact_id,
-            "action": action,
-            "at": time.time(),
-            "actor": actor,
-            "detail": detail,
-        },
-    )
+    tx.execute(*_log_entry(task_id, artifact_id, action, actor, detail))
+
+
+def _log_entry(
+    task_id: str, artifact_id: str | None, action: Action, actor: str, detail: str
+) -> tuple[Statement, dict[str, Any]]:
+    """The statement that writes one line of the access log, with its parameters."""
+    values = {
+        "task_id": task_id,
+        "artifact_id": artifact_id,
+        "action": action,
+        "at": time.time(),
+        "actor": actor,
+        "detail": detail,
+    }
+    return _INSERT_LOG, values
 
 
 def _artifact(row: dict[str, Any]) -> ArtifactRow:

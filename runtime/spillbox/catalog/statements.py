@@ -68,19 +68,24 @@ task_deleted = (
     .where(tasks.c.task_id == bindparam("key_task"))
     .values(state="deleted", deleted_at=bindparam("at"), deleted_by=bindparam("by"))
 )
+_IDENTICAL = and_(
+    artifacts.c.sha256 == bindparam("sha256"),
+    artifacts.c.bytes == bindparam("bytes"),
+    _LIVE,
+    # An appendable artifact's bytes change: another payload never points at them.
+    artifacts.c.origin != "append",
+)
 select_identical = (
-    select(*ARTIFACT_COLUMNS)
+    select(*ARTIFACT_COLUMNS, _IDENTICAL.label("identical"))
     .where(
         artifacts.c.task_id == bindparam("task_id"),
-        artifacts.c.sha256 == bindparam("sha256"),
-        artifacts.c.bytes == bindparam("bytes"),
-        _LIVE,
-        # An appendable artifact's bytes change: another payload never points at them.
-        artifacts.c.origin != "append",
+        or_(_IDENTICAL, artifacts.c.artifact_id == bindparam("ref")),
     )
     .order_by(artifacts.c.created_at)
-    .limit(1)
 )
+"""The live artifacts holding these bytes (flagged identical), and the one of id "ref"
+whatever it holds (tombstones too): both questions asked before a payload is stored, in
+one round trip."""
 insert_log = insert(access_log)
 tombstone = (
     update(artifacts)
