@@ -426,6 +426,29 @@ def test_the_catalog_url_comes_from_the_settings(home: Path, postgres_url: str) 
         assert harness.tasks() == ["t1"]
 
 
+def test_the_artifacts_of_one_call_are_listed_without_the_others(catalog: Catalog) -> None:
+    """What the history looks up at every append: the rows of its call id alone (a task
+    with many artifacts is not listed whole), live ones unless tombstones are asked for."""
+    for task_id in ("t1", "t2"):
+        catalog.open_task(task_id, "{}")
+    catalog.add_artifact(_row("t1", "h1", call_id="spillbox:history", created_at=1.0))
+    catalog.add_artifact(_row("t1", "h2", call_id="spillbox:history", created_at=2.0))
+    catalog.add_artifact(_row("t1", "c1"))
+    catalog.add_artifact(_row("t2", "h9", call_id="spillbox:history"))
+    assert catalog.tombstone("t1", "h1", "manual")
+
+    def ids(**options: Any) -> list[str]:
+        return [r.artifact_id for r in catalog.artifacts("t1", **options)]
+
+    assert ids(call_id="spillbox:history") == ["h2"]
+    assert ids(call_id="spillbox:history", include_deleted=True) == ["h1", "h2"]
+    assert ids(call_id="spillbox:history", named_in="h1 h2 c1", include_deleted=True) == [
+        "h1",
+        "h2",
+    ]
+    assert ids(call_id="nope") == []
+
+
 def test_one_read_finds_the_oldest_identical_payload_and_whether_the_id_is_taken(
     catalog: Catalog,
 ) -> None:

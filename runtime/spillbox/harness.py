@@ -389,11 +389,12 @@ class Task(_ClosedOnExit):
             metrics.executed(lang, time.perf_counter() - started)
 
     def artifacts(
-        self, include_deleted: bool = False, named_in: str | None = None
+        self, include_deleted: bool = False, named_in: str | None = None, call_id: str | None = None
     ) -> list[ArtifactRow]:
         """The task's artifacts, oldest first (with tombstones if asked); named_in: only
-        those whose id or file name occurs in that text (a script that names them)."""
-        return self.harness.catalog.artifacts(self.id, include_deleted, named_in)
+        those whose id or file name occurs in that text (a script that names them); call_id:
+        only those of that call."""
+        return self.harness.catalog.artifacts(self.id, include_deleted, named_in, call_id)
 
     def artifact(self, ref: str) -> ArtifactRow:
         """A live artifact by call id, path, id or file name; a clear error if gone (or

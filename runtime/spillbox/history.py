@@ -101,7 +101,7 @@ class History:
     def _refresh(self) -> None:
         """Follow the task's live history: another History (or process) may have
         appended since, and retention may have removed it."""
-        latest = newest(self.task.artifacts())
+        latest = newest(self.task.artifacts(call_id=HISTORY_REF))
         if latest is None or latest.artifact_id != self._row:
             self._row, self._data, self._ends, self._lines = None, b"", [], {}
         if latest is not None and latest.bytes != len(self._data):

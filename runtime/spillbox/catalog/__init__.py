@@ -70,8 +70,6 @@ _INSERT_LOG = Statement("insert_log", insert=True)
 _TOMBSTONE = Statement("tombstone")
 _TOUCH = Statement("touch")
 _PIN = Statement("pin")
-_LIST_LIVE = Statement("list_live")
-_LIST_ALL = Statement("list_all")
 _FIND = Statement("find")
 _ID_TAKEN = Statement("id_taken")
 _UNSENDABLE = re.compile(r"[\x00\ud800-\udfff]")
@@ -225,19 +223,23 @@ class Catalog:
         return bool(self.db.rows("checking an artifact id", _ID_TAKEN, args))
 
     def artifacts(
-        self, task_id: str, include_deleted: bool = False, named_in: str | None = None
+        self,
+        task_id: str,
+        include_deleted: bool = False,
+        named_in: str | None = None,
+        call_id: str | None = None,
     ) -> list[ArtifactRow]:
         """The task's artifacts, oldest first (with tombstones if asked); named_in: only
-        those whose id or file name occurs in that text (a script that names them), found
-        by the database, however many the task has."""
-        if named_in is None:
-            statement = _LIST_ALL if include_deleted else _LIST_LIVE
-            args = {"task_id": task_id}
-        else:
-            statement = Statement("list_named_in", (include_deleted,))
+        those whose id or file name occurs in that text (a script that names them); call_id:
+        only those of that call. Found by the database, however many the task has."""
+        args: dict[str, Any] = {"task_id": task_id}
+        if named_in is not None:
             # A NUL or a lone surrogate cannot be sent (and is in no id or name).
-            args = {"task_id": task_id, "text": _UNSENDABLE.sub("\ufffd", named_in)}
-        rows = self.db.rows("listing artifacts", statement, args)
+            args["text"] = _UNSENDABLE.sub("\ufffd", named_in)
+        if call_id is not None:
+            args["call_id"] = call_id
+        options = (include_deleted, named_in is not None, call_id is not None)
+        rows = self.db.rows("listing artifacts", Statement("list_artifacts", options), args)
         return [_artifact(row) for row in rows]
 
     def find(self, task_id: str, ref: str) -> ArtifactRow | None:

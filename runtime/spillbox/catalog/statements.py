@@ -103,18 +103,23 @@ touch = (
 pin = update(artifacts).where(_KEY).values(pinned=bindparam("pinned"))
 _LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindparam("task_id"))
 _ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
-list_live = _LIST_ARTIFACTS.where(_LIVE).order_by(*_ARTIFACT_ORDER)
-list_all = _LIST_ARTIFACTS.order_by(*_ARTIFACT_ORDER)
 
 
-def list_named_in(dialect: str, include_deleted: bool) -> Any:
-    """The task's artifacts whose id or file name occurs in the text given: found by the
-    database, so that a task's other artifacts never cross to the caller."""
-    text: BindParameter[str] = bindparam("text")
-    position = func.instr if dialect == "sqlite" else func.strpos  # 1-based, 0: not found
-    named = or_(position(text, artifacts.c.artifact_id) > 0, position(text, artifacts.c.name) > 0)
+def list_artifacts(dialect: str, include_deleted: bool, named_in: bool, of_call: bool) -> Any:
+    """A task's artifacts, oldest first: the live ones, or tombstones too; named_in: those
+    whose id or file name occurs in the text given, found by the database (a task's other
+    artifacts never cross to the caller); of_call: those of one call id."""
     listed = _LIST_ARTIFACTS if include_deleted else _LIST_ARTIFACTS.where(_LIVE)
-    return listed.where(named).order_by(*_ARTIFACT_ORDER)
+    if named_in:
+        text: BindParameter[str] = bindparam("text")
+        position = func.instr if dialect == "sqlite" else func.strpos  # 1-based; 0: not there
+        named = or_(
+            position(text, artifacts.c.artifact_id) > 0, position(text, artifacts.c.name) > 0
+        )
+        listed = listed.where(named)
+    if of_call:
+        listed = listed.where(artifacts.c.call_id == bindparam("call_id"))
+    return listed.order_by(*_ARTIFACT_ORDER)
 
 
 _REF: BindParameter[str] = bindparam("ref")
