@@ -12,6 +12,12 @@ goes; one run measures, as medians:
   the id is taken) and the artifact's row with its log entry (Catalog.identical +
   Catalog.add_artifact), on a task of its own.
 
+And the lookups that run at every exec and every history append, in a task of
+LOOKUP_ARTIFACTS artifacts, against listing the task whole (what they did before):
+
+- named: the artifacts a script names (Catalog.artifacts(named_in=code), an exec's);
+- of a call: the rows of one call id (Catalog.artifacts(call_id=...), the history's).
+
 Read the ratios (offload / floor, catalog / offload): absolute times on a shared 2-core
 machine are noisy. SPILLBOX_CATALOG_URL, when set, runs it against that database.
 
@@ -35,6 +41,7 @@ from spillbox.types import ArtifactRow
 PAYLOAD_BYTES = 4 * KB
 RUNS = 300
 QUICK_RUNS = 60
+LOOKUP_ARTIFACTS = 1_000
 
 
 def _row(task_id: str, n: int) -> ArtifactRow:
@@ -102,16 +109,32 @@ def run(quick: bool = False) -> dict[str, Any]:
                 catalog.add_artifact(row)
 
             rows.append(timed(record)[0])
+        # The task above now holds `runs` artifacts; the lookups get a task of their own.
+        catalog.open_task("bench-lookups", "{}")
+        for i in range(LOOKUP_ARTIFACTS):
+            catalog.add_artifact(_row("bench-lookups", i))
+        code = f'SELECT count(*) FROM "a{LOOKUP_ARTIFACTS // 2}"'
+        lookups = {
+            "whole": lambda: catalog.artifacts("bench-lookups", include_deleted=True),
+            "named": lambda: catalog.artifacts("bench-lookups", True, named_in=code),
+            "call": lambda: catalog.artifacts("bench-lookups", call_id="c7"),
+        }
+        lookup_ms = {
+            what: median_ms([timed(lookup)[0] for _ in range(runs)])
+            for what, lookup in lookups.items()
+        }
     return {
         "runs": runs,
         "offload_ms": median_ms(offloads),
         "floor_ms": median_ms(floors),
         "catalog_ms": median_ms(rows),
+        "lookup_ms": lookup_ms,
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
     offload, floor, catalog = result["offload_ms"], result["floor_ms"], result["catalog_ms"]
+    lookup = result["lookup_ms"]
     return "\n".join(
         [
             "| what (4 KB, medians of "
@@ -122,6 +145,18 @@ def markdown(result: dict[str, Any]) -> str:
             f"{catalog / offload:.2f} |",
             f"| store floor (encode + sha256 + write) | {floor:.3f} | 1.0 | "
             f"{floor / offload:.2f} |",
+            "",
+            f"| lookup in a task of {LOOKUP_ARTIFACTS:,} artifacts | ms "
+            "| ratio to listing it whole |",
+            "|---|---:|---:|",
+            *(
+                f"| {what} | {lookup[key]:.3f} | {lookup[key] / lookup['whole']:.3f} |"
+                for what, key in (
+                    ("the artifacts a script names (an exec's)", "named"),
+                    ("the rows of one call id (a history append's)", "call"),
+                    ("the whole task (what both listed before)", "whole"),
+                )
+            ),
         ]
     )
 
