@@ -426,6 +426,19 @@ def test_the_catalog_url_comes_from_the_settings(home: Path, postgres_url: str) 
         assert harness.tasks() == ["t1"]
 
 
+def test_a_tasks_usage_counts_its_live_artifacts_and_their_bytes(catalog: Catalog) -> None:
+    for task_id in ("t1", "t2", "empty"):
+        catalog.open_task(task_id, "{}")
+    for artifact_id, size in (("a1", 10), ("a2", 20), ("a3", 40)):
+        catalog.add_artifact(_row("t1", artifact_id, bytes=size))
+    catalog.add_artifact(_row("t2", "b1", bytes=1_000))
+    assert catalog.tombstone("t1", "a3", "manual")
+    assert catalog.usage("t1") == (2, 30)
+    assert catalog.usage("t1", other_than="a2") == (1, 10)
+    assert catalog.usage("t1", other_than="a3") == (2, 30)
+    assert catalog.usage("empty") == (0, 0)
+
+
 def test_the_artifacts_of_one_call_are_listed_without_the_others(catalog: Catalog) -> None:
     """What the history looks up at every append: the rows of its call id alone (a task
     with many artifacts is not listed whole), live ones unless tombstones are asked for."""

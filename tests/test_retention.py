@@ -24,7 +24,7 @@ from spillbox.errors import RetentionError
 from spillbox.harness import Task
 from spillbox.notice import parse_notice
 from spillbox.redaction import redact
-from spillbox.retention import Retention, parse_duration, parse_size
+from spillbox.retention import Retention, parse_duration, parse_size, quota_evictions
 from spillbox.types import ArtifactRow
 
 
@@ -246,6 +246,30 @@ def test_quota_by_count_evicts_the_oldest_unpinned(harness: Harness) -> None:
     for gone in ("c1", "c2"):
         row = harness.catalog.find("t1", gone)
         assert row is not None and row.state == "deleted" and row.deleted_by == "quota"
+
+
+def test_a_quota_lists_the_task_only_when_the_payload_does_not_fit() -> None:
+    """The database's count decides first: a payload that fits lists nothing; one that
+    does not is decided on the listing (which may show room made meanwhile)."""
+
+    def row(artifact_id: str, size: int, pinned: bool = False) -> ArtifactRow:
+        return ArtifactRow(
+            "t1", artifact_id, artifact_id, "t", f"{artifact_id}.json", "/p", size, None,
+            None, "0" * 64, 0.0, 0.0, None, "live", pinned, 0, None, None,
+        )  # fmt: skip
+
+    def never() -> list[ArtifactRow]:
+        raise AssertionError("listed although the payload fits")
+
+    policy = Retention(max_bytes=100, max_artifacts=3)
+    assert quota_evictions(policy, "t1", (2, 60), never, 40) == []
+    rows = [row("a1", 30, pinned=True), row("a2", 30), row("a3", 30)]
+    evicted = quota_evictions(policy, "t1", (3, 90), lambda: rows, 50)
+    assert [r.artifact_id for r in evicted] == ["a2", "a3"]  # the pinned one stays
+    assert quota_evictions(policy, "t1", (3, 90), lambda: rows[:1], 50) == []  # room made
+    with pytest.raises(RetentionError, match="at its quota"):
+        quota_evictions(Retention(max_artifacts=3, on_quota="refuse"), "t1", (3, 90),
+                        lambda: rows, 40)  # fmt: skip
 
 
 def test_quota_by_bytes_evicts_as_many_as_needed(harness: Harness) -> None:

@@ -193,10 +193,13 @@ def _quota(dest: Destination, growing: str | None, size: int) -> Iterator[None]:
         yield
         return
     with dest.storage.locked():
-        live = dest.catalog.artifacts(dest.task_id)
-        others = [r for r in live if r.artifact_id != growing]
+
+        def others() -> list[ArtifactRow]:
+            return [r for r in dest.catalog.artifacts(dest.task_id) if r.artifact_id != growing]
+
+        usage = dest.catalog.usage(dest.task_id, other_than=growing)
         try:
-            evictions = quota_evictions(policy, dest.task_id, others, size)
+            evictions = quota_evictions(policy, dest.task_id, usage, others, size)
         except RetentionError:
             metrics.quota_refused()
             raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -163,10 +163,18 @@ def due_for_deletion(task: TaskRow, live_artifacts: int, now: float) -> str | No
 
 
 def quota_evictions(
-    policy: Retention, task_id: str, live: Sequence[ArtifactRow], size: int
+    policy: Retention,
+    task_id: str,
+    usage: tuple[int, int],
+    live: Callable[[], Sequence[ArtifactRow]],
+    size: int,
 ) -> list[ArtifactRow]:
     """The artifacts to evict, oldest first, so that a new payload of `size` bytes fits the
-    task's quota; a RetentionError if it must be refused instead (live: oldest first)."""
+    task's quota; a RetentionError if it must be refused instead.
+
+    usage: how many live artifacts the task has and their bytes (a count the database
+    makes); live(): those artifacts, oldest first, listed only when the payload does not
+    fit, and then counted from the listing itself."""
     if policy.max_bytes is None and policy.max_artifacts is None:
         return []
     if policy.max_bytes is not None and size > policy.max_bytes:
@@ -174,25 +182,29 @@ def quota_evictions(
             f"a payload of {size} bytes is over task {task_id}'s quota of "
             f"{policy.max_bytes} bytes: raise --max-bytes"
         )
-    kept = list(live)
 
-    def over() -> bool:
-        too_many = policy.max_artifacts is not None and len(kept) + 1 > policy.max_artifacts
-        used = sum(row.bytes for row in kept)
+    def over(count: int, used: int) -> bool:
+        too_many = policy.max_artifacts is not None and count + 1 > policy.max_artifacts
         return too_many or (policy.max_bytes is not None and used + size > policy.max_bytes)
 
-    if not over():
+    if not over(*usage):
         return []
+    rows = live()
+    count, used = len(rows), sum(row.bytes for row in rows)
+    if not over(count, used):
+        return []  # room was made meanwhile
     if policy.on_quota == "refuse":
         raise RetentionError(
-            f"task {task_id} is at its quota ({len(kept)} artifacts, "
-            f"{sum(r.bytes for r in kept)} bytes): delete artifacts, or use --on-quota evict"
+            f"task {task_id} is at its quota ({count} artifacts, {used} bytes): "
+            "delete artifacts, or use --on-quota evict"
         )
     evicted = []
-    for row in [r for r in live if not r.pinned]:
+    for row in rows:
+        if row.pinned:
+            continue
         evicted.append(row)
-        kept.remove(row)
-        if not over():
+        count, used = count - 1, used - row.bytes
+        if not over(count, used):
             return evicted
     raise RetentionError(
         f"task {task_id} is at its quota and every remaining artifact is pinned: "

@@ -242,6 +242,15 @@ class Catalog:
         rows = self.db.rows("listing artifacts", Statement("list_artifacts", options), args)
         return [_artifact(row) for row in rows]
 
+    def usage(self, task_id: str, other_than: str | None = None) -> tuple[int, int]:
+        """How many live artifacts the task has and their bytes (other_than: leave that
+        artifact out): what a quota is checked against, counted by the database."""
+        statement = Statement("usage", (other_than is not None,))
+        args = {"task_id": task_id, "ref": other_than}
+        [row] = self.db.rows("counting a task's artifacts", statement, args)
+        count, used = row.values()
+        return int(count), int(used)
+
     def find(self, task_id: str, ref: str) -> ArtifactRow | None:
         """An artifact (or its tombstone) by reference, tried in this order, so that an id
         a model was given always means what it was given for:

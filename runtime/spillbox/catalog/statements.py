@@ -105,6 +105,15 @@ _LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindpar
 _ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
 
 
+def usage(dialect: str, other_than: bool) -> Any:
+    """How many live artifacts a task has and their bytes; other_than: but the one of id
+    "ref" (an artifact growing)."""
+    counted = select(func.count(), func.coalesce(func.sum(artifacts.c.bytes), 0)).where(
+        artifacts.c.task_id == bindparam("task_id"), _LIVE
+    )
+    return counted.where(artifacts.c.artifact_id != _REF) if other_than else counted
+
+
 def list_artifacts(dialect: str, include_deleted: bool, named_in: bool, of_call: bool) -> Any:
     """A task's artifacts, oldest first: the live ones, or tombstones too; named_in: those
     whose id or file name occurs in the text given, found by the database (a task's other
