@@ -47,6 +47,7 @@ _KEY = (artifacts.c.task_id == bindparam("key_task")) & (
     artifacts.c.artifact_id == bindparam("key_artifact")
 )
 _LIVE = artifacts.c.state == "live"
+_REF: BindParameter[str] = bindparam("ref")
 select_task = select(*TASK_COLUMNS).where(tasks.c.task_id == bindparam("task_id"))
 select_task_for_update = select_task.with_for_update()
 reopen_task = (
@@ -79,7 +80,7 @@ select_identical = (
     select(*ARTIFACT_COLUMNS, _IDENTICAL.label("identical"))
     .where(
         artifacts.c.task_id == bindparam("task_id"),
-        or_(_IDENTICAL, artifacts.c.artifact_id == bindparam("ref")),
+        or_(_IDENTICAL, artifacts.c.artifact_id == _REF),
     )
     .order_by(artifacts.c.created_at)
 )
@@ -131,7 +132,6 @@ def list_artifacts(dialect: str, include_deleted: bool, named_in: bool, of_call:
     return listed.order_by(*_ARTIFACT_ORDER)
 
 
-_REF: BindParameter[str] = bindparam("ref")
 _AS_CALL = or_(artifacts.c.origin == "call", artifacts.c.origin == "append") & (
     artifacts.c.call_id == _REF
 )
