@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -95,6 +96,15 @@ async def http_connect(url: str, **callbacks: Any) -> AsyncIterator[ClientSessio
     ):
         await s.initialize()
         yield s
+
+
+async def appears(path: Path) -> None:
+    """Wait until path exists (at most 10 s)."""
+    for _ in range(200):
+        if await anyio.Path(path).exists():
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"{path} did not appear in 10 s")
 
 
 def git_server(repo: Path) -> list[str]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import anyio
 import mcp_types as types
 import pytest
 from mcp.client.stdio import StdioServerParameters
-from mcp_client import BIN, connect, git_server, proxy_params
+from mcp_client import BIN, appears, connect, git_server, proxy_params
 
 from spillbox import parse_notice
 
@@ -70,21 +71,56 @@ async def test_every_hint_runs_through_the_proxy(git_repo: Path, home: Path) -> 
             assert page["has_more"] is True
 
 
-async def test_concurrent_calls_are_one_step(git_repo: Path, home: Path) -> None:
+GIT_HELD = """#!/bin/sh
+# git, but while the directory $HOLD exists a rev-list (what git_log runs) says it has
+# come, then waits there until the test leaves the file "release" (at most 30 s).
+for arg in "$@"; do
+    if [ "$arg" = rev-list ] && [ -d "$HOLD" ]; then
+        : > "$HOLD/came"
+        tries=0
+        while [ ! -e "$HOLD/release" ] && [ "$tries" -lt 1500 ]; do
+            sleep 0.02
+            tries=$((tries + 1))
+        done
+        break
+    fi
+done
+exec git "$@"
+"""
+
+
+async def test_concurrent_calls_are_one_step(git_repo: Path, home: Path, tmp_path: Path) -> None:
     """Two results each under the per-call limit, together over the aggregate limit: the
-    proxy holds the first until the second is done, and offloads one of them."""
+    proxy holds the first until the second is done, and offloads one of them.
+
+    MCP has no batches: the proxy takes calls whose lifetimes overlap as one step. The
+    server runs one git tool at a time, so the first git_log is held in its git until the
+    client has sent the second and the proxy has had a second to read it: the calls
+    overlap however loaded the machine, where a quick first call could end before the
+    second came."""
+    git = tmp_path / "git"
+    git.write_text(GIT_HELD)
+    git.chmod(0o755)
+    hold = tmp_path / "hold"
+    params = proxy_params(home, git_server(git_repo))
+    environment = {"GIT_PYTHON_GIT_EXECUTABLE": str(git), "HOLD": str(hold)}
+    params = params.model_copy(update={"env": {**os.environ, **environment}})
     args = {"repo_path": str(git_repo), "max_count": 75}
     texts: dict[int, str] = {}
-    async with connect(proxy_params(home, git_server(git_repo))) as session:
+    async with connect(params) as session:
         alone = text_of(await session.call_tool("git_log", args))
         assert parse_notice(alone) is None  # one alone stays inline
+        hold.mkdir()
 
         async def call(n: int) -> None:
             texts[n] = text_of(await session.call_tool("git_log", args))
 
         async with anyio.create_task_group() as group:
-            for n in range(2):
-                group.start_soon(call, n)
+            group.start_soon(call, 0)
+            await appears(hold / "came")  # the first is in the server's git
+            group.start_soon(call, 1)
+            await anyio.sleep(1)
+            (hold / "release").touch()
     notices = [parse_notice(text) for text in texts.values()]
     offloaded = [n for n in notices if n is not None]
     assert len(offloaded) == 1, texts

@@ -12,7 +12,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
-from mcp_client import connect, memory_kb, proxy_params, proxy_pid, text_of, toy_server
+from mcp_client import appears, connect, memory_kb, proxy_params, proxy_pid, text_of, toy_server
 
 from mcp import Client
 from spillbox import parse_notice
@@ -25,14 +25,6 @@ pytest_plugins = ["mcp_fixtures"]
 MEMORY_RATIO_MAX = 8
 """What a large result may add to the proxy's peak RSS, in multiples of its size
 (benchmarks/mcp_bench.py measured 6.0 for 100 MB): bounded by the result, not its time."""
-
-
-async def appears(path: Path) -> None:
-    for _ in range(200):
-        if await anyio.Path(path).exists():
-            return
-        await anyio.sleep(0.05)
-    raise AssertionError(f"{path} did not appear in 10 s")
 
 
 def counted(text: str | None, structured: dict[str, object] | None) -> str | bytes:
