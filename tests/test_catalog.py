@@ -3,6 +3,7 @@ catalogs from before Alembic upgraded in place; several writers; clear errors; c
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sqlite3
@@ -91,7 +92,7 @@ def test_a_catalog_at_the_newest_revision_opens_without_alembic(home: Path) -> N
 
 
 _EVERY_USE = """
-import json, sys
+import dataclasses, json, sys
 from pathlib import Path
 from spillbox.catalog import Catalog, claims
 from spillbox.catalog.calls import next_call_id
@@ -107,7 +108,8 @@ row = ArtifactRow(
 sys.stdin.readline()
 catalog.open_task(task, "{}")
 assert catalog.add_artifact(row)
-assert not catalog.add_artifact(row)
+assert catalog.add_artifact(row)  # the same row again: recorded once
+assert not catalog.add_artifact(dataclasses.replace(row, sha256="1" * 64))
 catalog.accessed(task, "a1", None, "read", "read_artifact")
 found = catalog.find(task, "a1.json")
 ids = [next_call_id(catalog, task, "git_log") for _ in range(2)]
@@ -439,6 +441,29 @@ def test_a_tasks_usage_counts_its_live_artifacts_and_their_bytes(catalog: Catalo
     assert catalog.usage("empty") == (0, 0)
 
 
+def test_an_artifact_and_its_log_lines_are_written_at_once_and_once(catalog: Catalog) -> None:
+    """add_artifact writes the row and the log lines of its offload and its redaction
+    together (on Postgres in one statement). The very same row again is recorded already
+    (a write sent again after its answer was lost): True, nothing written twice. Another
+    artifact under a taken id, a tombstone's too, is refused with nothing written."""
+    catalog.open_task("t1", "{}")
+    row = _row("t1", "a1", call_id="call-7", tool="git_log", redactions=2, created_at=5.0)
+    assert catalog.add_artifact(row, redacted='{"email": 2}')
+    assert catalog.add_artifact(row, redacted='{"email": 2}')
+    assert not catalog.add_artifact(dataclasses.replace(row, sha256="1" * 64))
+    catalog.add_artifact(_row("t1", "a2", call_id="call-8"))
+    assert catalog.tombstone("t1", "a2", "ttl")
+    assert not catalog.add_artifact(_row("t1", "a2"))
+    assert catalog.artifacts("t1") == [row]
+    log = [(e.artifact_id, e.action, e.actor, e.detail) for e in catalog.audit("t1")]
+    assert log == [
+        ("a1", "offload", "git_log", "call-7"),
+        ("a1", "redact", "retention", '{"email": 2}'),
+        ("a2", "offload", "t", "call-8"),
+        ("a2", "delete", "retention", "ttl"),
+    ]
+
+
 def test_the_artifacts_of_one_call_are_listed_without_the_others(catalog: Catalog) -> None:
     """What the history looks up at every append: the rows of its call id alone (a task
     with many artifacts is not listed whole), live ones unless tombstones are asked for."""
@@ -582,7 +607,7 @@ def test_two_processes_writing_at_once_lose_nothing(home: Path, catalog_url: str
 
 
 _HARNESS = """
-import json, sys
+import dataclasses, json, sys
 from spillbox import Harness, Policy, ToolResult
 harness = Harness(sandbox="none", home=sys.argv[1], gc_interval=-1,
                   policy=Policy(per_call_tokens=50), catalog_url=sys.argv[3] or None)

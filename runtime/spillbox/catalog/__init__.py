@@ -72,6 +72,7 @@ _TOUCH = Statement("touch")
 _PIN = Statement("pin")
 _FIND = Statement("find")
 _ID_TAKEN = Statement("id_taken")
+_SELECT_ARTIFACT = Statement("select_artifact")
 _UNSENDABLE = re.compile(r"[\x00\ud800-\udfff]")
 """What no catalog's text parameter can hold: a NUL (Postgres), a lone surrogate (UTF-8)."""
 _SELECT_LOG = Statement("select_log")
@@ -202,20 +203,31 @@ class Catalog:
         """Record an artifact and its offload; `redacted` (replacements per kind, as JSON)
         logs, in the same transaction, that its payload was redacted before it was stored.
 
-        False, writing nothing, if the task has an artifact of this id already, live or a
-        tombstone: an id is one artifact's forever (a tombstone never comes back to life),
-        and the caller gives the payload another (id_taken)."""
+        True once the row is recorded: by this call, or by an earlier one of this very row
+        (on Postgres a write whose answer was lost with its connection is sent again, see
+        Database.rows). False, writing nothing, if the task has another artifact of this
+        id, live or a tombstone: an id is one artifact's forever (a tombstone never comes
+        back to life), and the caller gives the payload another (id_taken)."""
         values = {field.name: getattr(row, field.name) for field in fields(ArtifactRow)}
-        values["pinned"] = int(row.pinned)
+        values = {**values, **_CLAIMS, "pinned": int(row.pinned)}
         if row.tokens_exact is not None:
             values["tokens_exact"] = int(row.tokens_exact)
-        with self.db.transaction("recording an artifact") as tx:
-            if not tx.execute(_INSERT_ARTIFACT, {**values, **_CLAIMS}):
-                return False
-            _log(tx, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
-            if redacted is not None:
-                _log(tx, row.task_id, row.artifact_id, "redact", "retention", redacted)
-        return True
+        if self.db.sqlite is None:
+            # The row and its log lines in one statement: one round trip, not four.
+            statement = Statement("record_artifact", (redacted is not None,), insert=True)
+            args = values if redacted is None else {**values, "redacted": redacted}
+            if self.db.rows("recording an artifact", statement, args):
+                return True
+        else:
+            with self.db.transaction("recording an artifact") as tx:
+                if tx.execute(_INSERT_ARTIFACT, values):
+                    _log(tx, row.task_id, row.artifact_id, "offload", row.tool, row.call_id)
+                    if redacted is not None:
+                        _log(tx, row.task_id, row.artifact_id, "redact", "retention", redacted)
+                    return True
+        args = {"task_id": row.task_id, "ref": row.artifact_id}
+        found = self.db.rows("checking an artifact id", _SELECT_ARTIFACT, args)
+        return bool(found) and _artifact(found[0]) == row
 
     def id_taken(self, task_id: str, artifact_id: str) -> bool:
         """Whether the task has (or had: tombstones count) an artifact of this id."""

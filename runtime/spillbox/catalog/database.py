@@ -393,7 +393,9 @@ class Database:
         self, doing: str, statement: Statement | str, params: Mapping[str, Any] = {}
     ) -> list[dict[str, Any]]:
         """A read: its rows as dicts of column names. A str is plain SQL with no parameters,
-        run as it is."""
+        run as it is. On Postgres also one statement that writes and returns rows (INSERT
+        ... RETURNING), committed alone: sent again on another connection if the one pooled
+        was found dropped, so the caller must tell its own earlier write from another's."""
 
         def read(cursor: Cursor) -> list[dict[str, Any]]:
             if isinstance(statement, str):

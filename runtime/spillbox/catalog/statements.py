@@ -14,14 +14,17 @@ from typing import Any
 
 from sqlalchemy import (
     Table,
+    Text,
     and_,
     bindparam,
     case,
     func,
     insert,
+    literal,
     or_,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import sqlite
@@ -104,6 +107,7 @@ touch = (
 pin = update(artifacts).where(_KEY).values(pinned=bindparam("pinned"))
 _LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindparam("task_id"))
 _ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
+select_artifact = _LIST_ARTIFACTS.where(artifacts.c.artifact_id == _REF)
 
 
 def usage(dialect: str, other_than: bool) -> Any:
@@ -187,6 +191,37 @@ def upsert_task(dialect: str) -> Insert:
 
 def insert_artifact(dialect: str) -> Insert:
     return _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
+
+
+def record_artifact(dialect: str, redacted: bool) -> Insert:
+    """Postgres: an artifact's row, unless the task has one of its id, and the log lines of
+    its offload (and, if redacted, of its redaction: detail "redacted") as one statement,
+    one round trip where a transaction of the same takes four. It returns a row per log
+    line written: none if the id was taken. (SQLite has no INSERT inside WITH, and its
+    transaction costs no round trips: it runs insert_artifact and insert_log.)"""
+    assert dialect == "postgresql", dialect
+    returned = ("task_id", "artifact_id", "tool", "call_id", "created_at")
+    added = (
+        _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
+        .values({column.name: bindparam(column.name, type_=column.type) for column in artifacts.c})
+        .returning(*(artifacts.c[name] for name in returned))
+        .cte("added")
+    )
+
+    def line(action: str, actor: Any, detail: Any) -> Any:
+        values = (added.c.task_id, added.c.artifact_id, literal(action), added.c.created_at)
+        return select(*values, actor, detail)
+
+    lines = [line("offload", added.c.tool, added.c.call_id)]
+    if redacted:
+        lines.append(line("redact", literal("retention"), bindparam("redacted", type_=Text)))
+    logged = ("task_id", "artifact_id", "action", "at", "actor", "detail")
+    written: Insert = (
+        insert(access_log)
+        .from_select(logged, union_all(*lines) if redacted else lines[0])
+        .returning(access_log.c.id)
+    )
+    return written
 
 
 # Call ids (calls.py)
