@@ -12,7 +12,9 @@ machine, tests/ray_cluster.py, the catalog on a throwaway Postgres).
   Docker, not placement).
 
 Target (issue 27 item 5): a task on another node adds under 3 ms to the median admit +
-exec of one on a single machine; stated against both one-machine rows.
+exec of one on the local host (the host of the driver's own node); stated too against both
+one-machine rows, which also count what the cluster itself costs (an actor hop per call, a
+Postgres catalog).
 
     python benchmarks/ray_bench.py           # full run, a few minutes (the cluster starts)
     python benchmarks/ray_bench.py --quick   # a smoke run
@@ -302,16 +304,25 @@ def markdown(results: dict[str, Any]) -> str:
 
 def targets(results: dict[str, Any]) -> list[Target]:
     r = results
-    floor, pg, there = r[_LATENCY[0]][0], r[_ON_POSTGRES][0], r[_LATENCY[2]][0]
+    floor, pg = r[_LATENCY[0]][0], r[_ON_POSTGRES][0]
+    here, there = r[_LATENCY[1]][0], r[_LATENCY[2]][0]
     return [
         Target(
             goal=f"a task on another Ray node adds under {TARGET_ADDED_MS:g} ms to the median "
-            "admit + exec",
+            "admit + exec of one on the local host (the host of the driver's own node: what "
+            "placing a task on another node costs)",
+            met=there - here < TARGET_ADDED_MS,
+            measured=f"{there - here:+.1f} ms: {there:.1f} ms against {here:.1f} ms",
+        ),
+        Target(
+            goal="the same against one machine with no cluster (what the cluster costs, "
+            "catalog and all)",
             met=there - floor < TARGET_ADDED_MS,
             measured=f"{there / floor:.2f}x one machine: {there:.1f} ms against {floor:.1f} ms",
         ),
         Target(
-            goal="the same, against one machine on the same Postgres catalog (like for like)",
+            goal="the same against one machine on the same Postgres catalog (what the cluster "
+            "costs, like for like)",
             met=there - pg < TARGET_ADDED_MS,
             measured=f"{there / pg:.2f}x: {there:.1f} ms against {pg:.1f} ms",
         ),
