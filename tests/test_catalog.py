@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ catalog.open_task(task, "{}")
 assert catalog.add_artifact(row)
 assert catalog.add_artifact(row)  # the same row again: recorded once
 assert not catalog.add_artifact(dataclasses.replace(row, sha256="1" * 64))
-catalog.accessed(task, "a1", None, "read", "read_artifact")
+catalog.accessed(task, ["a1"], None, "read", "read_artifact")
 found = catalog.find(task, "a1.json")
 ids = [next_call_id(catalog, task, "git_log") for _ in range(2)]
 expired = [row.artifact_id for row in claims.expired(catalog, 2.0) if row.task_id == task]
@@ -462,6 +462,30 @@ def test_an_artifact_and_its_log_lines_are_written_at_once_and_once(catalog: Cat
         ("a2", "offload", "t", "call-8"),
         ("a2", "delete", "retention", "ttl"),
     ]
+
+
+def test_the_accesses_of_one_query_are_one_write(catalog: Catalog) -> None:
+    """A script that names several artifacts has each one's access and log line recorded
+    by one batch (on Postgres one round trip); none named, nothing written."""
+    catalog.open_task("t1", "{}")
+    for artifact_id in ("a1", "a2", "a3"):
+        catalog.add_artifact(_row("t1", artifact_id, created_at=1.0, last_access_at=1.0))
+    batches: list[int] = []
+    batch = catalog.db.batch
+
+    def counted(doing: str, statements: Sequence[tuple[Statement, Any]]) -> None:
+        batches.append(len(statements))
+        batch(doing, statements)
+
+    catalog.db.batch = counted  # type: ignore[method-assign]
+    catalog.accessed("t1", ["a1", "a3"], 99.0, "query", "sandbox_exec.sql")
+    catalog.accessed("t1", [], 99.0, "query", "sandbox_exec.sql")
+    assert batches == [4]
+    rows = {row.artifact_id: row for row in catalog.artifacts("t1")}
+    assert [rows[a].expires_at for a in ("a1", "a2", "a3")] == [99.0, None, 99.0]
+    assert rows["a1"].last_access_at > 1.0 and rows["a2"].last_access_at == 1.0
+    log = [(e.artifact_id, e.action) for e in catalog.audit("t1") if e.action != "offload"]
+    assert log == [("a1", "query"), ("a3", "query")]
 
 
 def test_the_artifacts_of_one_call_are_listed_without_the_others(catalog: Catalog) -> None:

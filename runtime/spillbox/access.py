@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,7 @@ class Access:
         """The bytes of an artifact, by reference or as already looked up (logged as a read)."""
         row = self.find(ref) if isinstance(ref, str) else ref
         data = self._payload(row)
-        self.accessed(row, "read", actor)
+        self.accessed([row], "read", actor)
         return data
 
     def _payload(self, row: ArtifactRow) -> bytes:
@@ -71,11 +72,15 @@ class Access:
         (Task.append) is not read until its row says it is there."""
         return self.backend.read(self.storage, row.name)[: row.bytes]
 
-    def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
-        """Log a read or query; with TTL counted from access, push the expiry back."""
+    def accessed(
+        self, rows: Sequence[ArtifactRow], action: str, actor: str, detail: str = ""
+    ) -> None:
+        """Log a read or query of each; with TTL counted from access, push their expiry
+        back (one write however many)."""
         expiry = expiry_after_access(self.retention, time.time())
         logged: Action = "query" if action == "query" else "read"
-        self.catalog.accessed(self.task_id, row.artifact_id, expiry, logged, actor, detail)
+        ids = [row.artifact_id for row in rows]
+        self.catalog.accessed(self.task_id, ids, expiry, logged, actor, detail)
 
     def export(self, ref: str, dest: str | Path, actor: str) -> Path:
         """Copy an artifact out of the sandbox, if the policy allows; always logged."""

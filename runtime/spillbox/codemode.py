@@ -91,11 +91,11 @@ def run(
         # stderr reaches the model beside the gated stdout: a traceback or a failed CAST
         # quotes the values it choked on. Redacted whole, before it is cut to its ends.
         stderr = redact(stderr)[0]
-    for row in referenced:
-        if row.state == "live":
-            task.accessed(row, "query", f"sandbox_exec.{lang}")
-        elif raw.exit_code != 0:
-            stderr = f"{row.tombstone()}\n{stderr}"
+    task.accessed([r for r in referenced if r.state == "live"], "query", f"sandbox_exec.{lang}")
+    if raw.exit_code != 0:
+        for row in referenced:
+            if row.state != "live":
+                stderr = f"{row.tombstone()}\n{stderr}"
     [admitted] = task.admit(
         [ToolResult(call_id=f"exec-{lang}", tool=f"sandbox_exec.{lang}", content=raw.stdout)]
     )

@@ -405,9 +405,12 @@ class Task(_ClosedOnExit):
         """The bytes of an artifact, by reference or as already looked up (logged as a read)."""
         return self._access.read(ref, actor)
 
-    def accessed(self, row: ArtifactRow, action: str, actor: str, detail: str = "") -> None:
-        """Log a read or query; with TTL counted from access, push the expiry back."""
-        self._access.accessed(row, action, actor, detail)
+    def accessed(
+        self, rows: Sequence[ArtifactRow], action: str, actor: str, detail: str = ""
+    ) -> None:
+        """Log a read or query of each; with TTL counted from access, push their expiry
+        back (one write however many)."""
+        self._access.accessed(rows, action, actor, detail)
 
     def export(self, ref: str, dest: str | Path, actor: str = "harness") -> Path:
         """Copy an artifact out of the sandbox, if the policy allows; always logged."""

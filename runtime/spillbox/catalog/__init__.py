@@ -19,7 +19,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -282,22 +282,22 @@ class Catalog:
     def accessed(
         self,
         task_id: str,
-        artifact_id: str,
+        artifact_ids: Sequence[str],
         expires_at: float | None,
         action: Action,
         actor: str,
         detail: str = "",
     ) -> None:
-        """Record a read or query of an artifact: its last access (and expiry, if given)
-        and its line in the access log, in one transaction."""
-        args = {
-            "key_task": task_id,
-            "key_artifact": artifact_id,
-            "at": time.time(),
-            "expires_at": expires_at,
-        }
-        logged = _log_entry(task_id, artifact_id, action, actor, detail)
-        self.db.batch("recording an access", [(_TOUCH, args), logged])
+        """Record a read or query of artifacts: each one's last access (and expiry, if
+        given) and its line in the access log, in one transaction (one round trip)."""
+        writes: list[tuple[Statement, Mapping[str, Any]]] = []
+        at = time.time()
+        for artifact_id in artifact_ids:
+            args = {"key_task": task_id, "key_artifact": artifact_id, "at": at}
+            writes.append((_TOUCH, {**args, "expires_at": expires_at}))
+            writes.append(_log_entry(task_id, artifact_id, action, actor, detail))
+        if writes:
+            self.db.batch("recording an access", writes)
 
     def set_pinned(self, task_id: str, artifact_id: str, pinned: bool, actor: str) -> None:
         args = {"key_task": task_id, "key_artifact": artifact_id, "pinned": int(pinned)}
