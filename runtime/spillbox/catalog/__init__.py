@@ -71,7 +71,6 @@ _TOMBSTONE = Statement("tombstone")
 _TOUCH = Statement("touch")
 _PIN = Statement("pin")
 _FIND = Statement("find")
-_ID_TAKEN = Statement("id_taken")
 _SELECT_ARTIFACT = Statement("select_artifact")
 _UNSENDABLE = re.compile(r"[\x00\ud800-\udfff]")
 """What no catalog's text parameter can hold: a NUL (Postgres), a lone surrogate (UTF-8)."""
@@ -232,7 +231,7 @@ class Catalog:
     def id_taken(self, task_id: str, artifact_id: str) -> bool:
         """Whether the task has (or had: tombstones count) an artifact of this id."""
         args = {"task_id": task_id, "ref": artifact_id}
-        return bool(self.db.rows("checking an artifact id", _ID_TAKEN, args))
+        return bool(self.db.rows("checking an artifact id", _SELECT_ARTIFACT, args))
 
     def artifacts(
         self,
@@ -293,8 +292,8 @@ class Catalog:
         writes: list[tuple[Statement, Mapping[str, Any]]] = []
         at = time.time()
         for artifact_id in artifact_ids:
-            args = {"key_task": task_id, "key_artifact": artifact_id, "at": at}
-            writes.append((_TOUCH, {**args, "expires_at": expires_at}))
+            key = {"key_task": task_id, "key_artifact": artifact_id}
+            writes.append((_TOUCH, {**key, "at": at, "expires_at": expires_at}))
             writes.append(_log_entry(task_id, artifact_id, action, actor, detail))
         if writes:
             self.db.batch("recording an access", writes)

@@ -50,6 +50,7 @@ _KEY = (artifacts.c.task_id == bindparam("key_task")) & (
     artifacts.c.artifact_id == bindparam("key_artifact")
 )
 _LIVE = artifacts.c.state == "live"
+_ARTIFACT_KEY = ("task_id", "artifact_id")
 _REF: BindParameter[str] = bindparam("ref")
 select_task = select(*TASK_COLUMNS).where(tasks.c.task_id == bindparam("task_id"))
 select_task_for_update = select_task.with_for_update()
@@ -108,6 +109,7 @@ pin = update(artifacts).where(_KEY).values(pinned=bindparam("pinned"))
 _LIST_ARTIFACTS = select(*ARTIFACT_COLUMNS).where(artifacts.c.task_id == bindparam("task_id"))
 _ARTIFACT_ORDER = (artifacts.c.created_at, artifacts.c.artifact_id)
 select_artifact = _LIST_ARTIFACTS.where(artifacts.c.artifact_id == _REF)
+"""The task's artifact (or tombstone) of id "ref": whether the id is taken, and by what."""
 
 
 def usage(dialect: str, other_than: bool) -> Any:
@@ -156,11 +158,6 @@ find = (
     )
     .limit(1)
 )
-id_taken = (
-    select(artifacts.c.artifact_id)
-    .where(artifacts.c.task_id == bindparam("task_id"), artifacts.c.artifact_id == _REF)
-    .limit(1)
-)
 select_log = (
     select(*ACCESS_COLUMNS)
     .where(access_log.c.task_id == bindparam("task_id"))
@@ -190,7 +187,7 @@ def upsert_task(dialect: str) -> Insert:
 
 
 def insert_artifact(dialect: str) -> Insert:
-    return _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
+    return _insert_new(dialect, artifacts, _ARTIFACT_KEY)
 
 
 def record_artifact(dialect: str, redacted: bool) -> Insert:
@@ -202,7 +199,7 @@ def record_artifact(dialect: str, redacted: bool) -> Insert:
     assert dialect == "postgresql", dialect
     returned = ("task_id", "artifact_id", "tool", "call_id", "created_at")
     added = (
-        _insert_new(dialect, artifacts, ("task_id", "artifact_id"))
+        _insert_new(dialect, artifacts, _ARTIFACT_KEY)
         .values({column.name: bindparam(column.name, type_=column.type) for column in artifacts.c})
         .returning(*(artifacts.c[name] for name in returned))
         .cte("added")
