@@ -132,12 +132,15 @@ class DockerBackend(SandboxBackend):
         """Start (or find) the task's container in the background, and have its SQL engine
         load the tables of payloads offloaded since (not under gVisor); idempotent."""
         sandbox = self.sandbox(storage)
-        sandbox.warm()
         # Under gVisor (this machine's runsc, 2022-12-19) a sandbox whose SQL engine started
         # while a script ran died in 3 of 4 runs of test_file_commands' coreutils script:
         # there the tables load at their first query, as before the background load.
         if not self.options.gvisor:
             sandbox.tables.request(storage.offload)
+        # The start second: its thread's Docker calls, begun at once, would hold the GIL
+        # while this thread waited in the preload thread's start (a task's first offload
+        # took 2.2-2.7 ms against 1.5-1.8 in this order, benchmarks/sandbox_bench.py).
+        sandbox.warm()
 
     def container(self, storage: TaskStorage) -> Any:
         """The task's running container: found by label, started, or created."""
