@@ -4,8 +4,10 @@ kind, nothing unredacted reaches the notice, and the access log records what was
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from redaction_corpus import (
     stripe_live,
 )
 from spillbox import Harness, Retention, ToolResult
+from spillbox.digest import PARALLEL_HASH_BYTES
 from spillbox.redaction import Redaction, go_regex, kinds, redact, redact_payload
 from spillbox.tools import Toolset
 
@@ -155,6 +158,24 @@ def test_no_secret_reaches_the_notice_or_the_stored_payload(harness: Harness, re
     assert json.loads(stored)[-1]["dsn"].startswith("postgres://admin:[REDACTED:")
     assert f"redactions: {records * 10}" in admitted.text.splitlines()
     assert "shape: JSON array of" in admitted.text
+
+
+def test_a_large_binary_payload_redacted_when_stored_gets_the_digest_of_what_is_stored(
+    harness: Harness,
+) -> None:
+    """The gate begins a large payload's sha256 before the store redacts it (a binary
+    result is redacted there, not before the gate): the digest of the bytes given must not
+    pass for that of the bytes stored."""
+    task = harness.task("t1", retention=Retention(redact=True))
+    payload = b"\xff\x00" + (f"key={aws_id}\n".encode() + os.urandom(64)) * 20_000
+    assert len(payload) >= PARALLEL_HASH_BYTES
+    [admitted] = task.admit([ToolResult(call_id="c1", tool="t", content=payload)])
+    assert admitted.reason == "binary" and admitted.artifact is not None
+    stored = admitted.artifact.host_path.read_bytes()
+    assert aws_id.encode() not in stored and stored != payload
+    assert admitted.artifact.sha256 == hashlib.sha256(stored).hexdigest()
+    [row] = harness.catalog.artifacts("t1")
+    assert row.sha256 == admitted.artifact.sha256
 
 
 def test_the_access_log_records_counts_per_kind_and_never_a_secret(harness: Harness) -> None:

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spillbox.digest import PARALLEL_HASH_BYTES, Digest
 from spillbox.errors import StorageError
-from spillbox.sandbox.storage import PARALLEL_HASH_BYTES, TaskStorage, safe_name, stored_task_ids
+from spillbox.sandbox.storage import TaskStorage, safe_name, stored_task_ids
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -109,6 +110,16 @@ def test_stored_files_are_readable_and_complete(home: Path) -> None:
     assert stat.S_IMODE(stored.host_path.stat().st_mode) == 0o644
     assert stored.host_path.stat().st_size == len(data)
     assert stored.host_path.stat().st_nlink == 1  # the temp link is gone
+
+
+@pytest.mark.parametrize("size", [10, PARALLEL_HASH_BYTES])
+def test_a_digest_given_for_other_bytes_is_not_taken(home: Path, size: int) -> None:
+    storage = TaskStorage(home, "t1")
+    data, other = os.urandom(size), os.urandom(size)
+    with storage.stage(data, digest=Digest(other)) as staged:
+        assert staged.sha256 == hashlib.sha256(data).hexdigest()
+    with storage.stage(data, digest=Digest(data)) as staged:
+        assert staged.sha256 == hashlib.sha256(data).hexdigest()
 
 
 @pytest.mark.parametrize("name", ["../task-id", ".incoming", "missing.json", "", "a/b"])

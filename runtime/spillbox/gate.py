@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from spillbox.config import Policy
+from spillbox.digest import Digest
 from spillbox.tokens import TokenCounter, count_within, total
 from spillbox.types import Artifact, Reason, TokenCount, ToolResult
 
@@ -76,6 +77,9 @@ class Offload:
     tokens: TokenCount | None
     per_call: PerCallLimit
     """The per-call limit of the step, which a per_call notice names."""
+    digest: Digest | None = None
+    """data's sha256, begun by the gate as soon as it had the bytes (see spillbox.digest);
+    None: begun when stored."""
 
 
 OffloadFn = Callable[[Offload], tuple[Artifact, str, int]]
@@ -108,7 +112,11 @@ def admit(
 
     remaining: tokens that remain for tool results (a budget's tool_results route), for
     the policy's dynamic per-call limit; None: the fixed one."""
-    step = _Step(results, [r.payload() for r in results], PerCallLimit.of(policy, remaining))
+    payloads = [r.payload() for r in results]
+    # A large payload's hash begins now: it runs beside the count below and the store's
+    # profile and write, not after them.
+    digests = [Digest(data) for data, _ in payloads]
+    step = _Step(results, payloads, digests, PerCallLimit.of(policy, remaining))
     # Every result is judged before any is stored: a counter that fails (an encoding that
     # cannot be loaded) fails the step whole, with nothing offloaded.
     verdicts = [_per_call(counter, text, step.per_call) for _, text in step.payloads]
@@ -160,6 +168,7 @@ class _Step:
 
     results: Sequence[ToolResult]
     payloads: list[tuple[bytes, str | None]]
+    digests: list[Digest]
     per_call: PerCallLimit
     decided: dict[int, Decision] = field(default_factory=dict)
     inline: dict[int, int] = field(default_factory=dict)
@@ -167,7 +176,9 @@ class _Step:
 
     def store(self, i: int, offload: OffloadFn, reason: Reason, tokens: TokenCount | None) -> None:
         data, text = self.payloads[i]
-        request = Offload(self.results[i], data, text, reason, tokens, self.per_call)
+        request = Offload(
+            self.results[i], data, text, reason, tokens, self.per_call, self.digests[i]
+        )
         artifact, notice, notice_tokens = offload(request)
         self.decided[i] = Decision(self.results[i], notice, notice_tokens, tokens, reason, artifact)
 

@@ -75,7 +75,7 @@ def offload(
     shape = profile(request.data, request.text)
     name = _file_name(request, shape)
     # The host writes the payload into the task's storage, never through the sandbox.
-    with dest.storage.stage(request.data, want=name) as staged:
+    with dest.storage.stage(request.data, want=name, digest=request.digest) as staged:
         # The same bytes again (a tool repeating itself, a script printing an artifact
         # back) point to the stored copy: no duplicate, no offload-of-the-offload loop.
         same, taken = dest.catalog.identical(dest.task_id, staged.sha256, staged.bytes, name[0])

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from spillbox.digest import Digest
 from spillbox.errors import ConfigError, StorageError
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -214,28 +215,16 @@ def _open_lock(storage: TaskStorage) -> int:
         ) from e
 
 
-PARALLEL_HASH_BYTES = 1024 * 1024
-"""From this size the digest is computed in a thread while the bytes are written: both
-release the GIL, and the two overlap on a second core."""
+def digest_of(data: bytes, digest: Digest | None) -> Digest:
+    """digest if it is data's, else data's digest begun now."""
+    return digest if digest is not None and digest.data is data else Digest(data)
 
 
-def _write_and_hash(fd: int, data: bytes) -> str:
-    """Write data to fd (closing it, mode 0644) and return its sha256."""
-    digests: list[str] = []
-    hasher = threading.Thread(target=lambda: digests.append(hashlib.sha256(data).hexdigest()))
-    parallel = len(data) >= PARALLEL_HASH_BYTES
-    if parallel:
-        hasher.start()
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), 0o644)
-            out.write(data)
-    finally:
-        if parallel:
-            hasher.join()
-    if not parallel:
-        hasher.run()  # in this thread: a thread start costs more than hashing a few KB
-    return digests[0]
+def _write(fd: int, data: bytes) -> None:
+    """Write data to fd (closing it, mode 0644)."""
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o644)
+        out.write(data)
 
 
 @dataclass(frozen=True)
@@ -404,14 +393,18 @@ class TaskStorage:
             return staged.publish(stem, extension)
 
     @contextmanager
-    def stage(self, data: bytes, want: tuple[str, str] | None = None) -> Iterator[Staged]:
+    def stage(
+        self, data: bytes, want: tuple[str, str] | None = None, digest: Digest | None = None
+    ) -> Iterator[Staged]:
         """Write data to a temp file in incoming/ and hash it; publish() makes it visible.
 
         A reader (or a crash) never sees half a payload, and an existing file is never
         replaced. What is not published is gone when the block ends. want: the stem and
         extension publish() will most likely be given (a cluster host links the payload
-        under it ahead, saving a round trip; here publishing costs none).
+        under it ahead, saving a round trip; here publishing costs none). digest: data's,
+        begun already (the gate's); if None, or of other bytes, it is begun here.
         """
+        digest = digest_of(data, digest)
         if not self.incoming.is_dir():
             self.ensure()
         what = f"a payload of {len(data)} bytes"
@@ -419,8 +412,8 @@ class TaskStorage:
             fd, tmp = tempfile.mkstemp(dir=self.incoming, prefix="payload-")
         try:
             with self.errors(what):
-                digest = _write_and_hash(fd, data)
-            yield Staged(self, tmp, digest, len(data))
+                _write(fd, data)
+            yield Staged(self, tmp, digest.hexdigest(), len(data))
         finally:
             os.unlink(tmp)
 

@@ -10,16 +10,16 @@ writes it; its answer is taken when publishing needs it, or at the end.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spillbox.digest import Digest
 from spillbox.errors import StorageError
 from spillbox.sandbox.ray.link import HostLink
-from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage
+from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, digest_of
 
 
 class HostStorage(TaskStorage):
@@ -77,14 +77,17 @@ class HostStorage(TaskStorage):
             self.link.end(token, wait=True)
 
     @contextmanager
-    def stage(self, data: bytes, want: tuple[str, str] | None = None) -> Iterator[Staged]:
+    def stage(
+        self, data: bytes, want: tuple[str, str] | None = None, digest: Digest | None = None
+    ) -> Iterator[Staged]:
         """One call: the bytes cross once, and the host links them under want ahead. Its
         answer is awaited only when needed (see the module's docstring); a failure there
         is raised from the block's end if nothing needed it sooner."""
         link = self.link
         assert link is not None, "a task placed nowhere has no storage to call"
         self._warm = True
-        asked = _Asked(link, link.ask("stage", self.task_id, data, want), data)
+        digest = digest_of(data, digest)
+        asked = _Asked(link, link.ask("stage", self.task_id, data, want), data, digest)
         staged = _HostStaged(self, "", asked.sha256, len(data), asked=asked)
         try:
             yield staged
@@ -129,11 +132,11 @@ def _kept(staged: _HostStaged) -> str | None:
 class _Asked:
     """The host's answer to one stage(), taken once, when first needed."""
 
-    def __init__(self, link: HostLink, asked: Any, data: bytes) -> None:
+    def __init__(self, link: HostLink, asked: Any, data: bytes, digest: Digest) -> None:
         self._link = link
         self._asked: Any = asked
         self._size = len(data)
-        self.sha256 = hashlib.sha256(data).hexdigest()
+        self.sha256 = digest.hexdigest()
         self._error: BaseException | None = None
         self.token = ""
         self.temp = ""
