@@ -48,6 +48,21 @@ def pooled_task(harness: Any, task_id: str, **kwargs: Any) -> Any:
     return task
 
 
+GVISOR = "runsc"
+"""gVisor's OCI runtime: Docker tests run under the engine's default and again under it."""
+
+
+def runtime_or_skip(docker_client: Any, runtime: str | None) -> str | None:
+    """runtime (None: the engine's default), or the test skipped where the engine has no
+    such runtime (gVisor is an optional stronger mode)."""
+    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
+        pytest.skip(
+            f"the engine has no {runtime!r} runtime (gVisor is an optional stronger mode): "
+            "scripts/ensure-docker.sh installs runsc and registers it"
+        )
+    return runtime
+
+
 def _docker_client():  # type: ignore[no-untyped-def]
     import docker
 

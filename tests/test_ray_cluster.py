@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import ray
 
+from conftest import runtime_or_skip
 from ray_cluster import RUNTIMES, LocalCluster, start_node_host
 from spillbox import Harness, HostLostError, SandboxError, ToolResult
 from spillbox.catalog.placements import Placements
@@ -69,11 +70,12 @@ def test_exec_runs_on_the_tasks_host_under_runc_and_gvisor(
         task = harness.task(f"exec-{i}")
         tasks[_host_of(harness, task.id)] = task
     for host in ("a", "c"):
-        runtime = RUNTIMES[host]
-        if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
+        try:
+            runtime_or_skip(docker_client, RUNTIMES[host])
+        except pytest.skip.Exception:
             for task in tasks.values():
                 task.close()
-            pytest.skip(f"the engine has no {runtime!r} runtime: install runsc to run host {host}")
+            raise
         task = tasks[host]
         task.admit([_big("rows")])
         result = task.exec("sql", "SELECT count(*) AS n FROM rows WHERE ok")

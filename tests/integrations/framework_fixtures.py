@@ -10,18 +10,16 @@ from typing import Any
 
 import pytest
 
+from conftest import GVISOR, runtime_or_skip
 from spillbox import Harness
 from spillbox.sandbox.docker import SandboxOptions, cleanup_home
 
 
-@pytest.fixture(scope="module", params=[None, "runsc"], ids=["runc", "gvisor"])
+@pytest.fixture(scope="module", params=[None, GVISOR], ids=["runc", "gvisor"])
 def runtime(request: pytest.FixtureRequest, docker_client: Any, sandbox_image: str) -> str | None:
     """The OCI runtime of a module's Docker tests: the engine's default, then gVisor, an
     optional mode (skipped where the engine has none). The sandbox image is built first."""
-    name: str | None = request.param
-    if name is not None and name not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {name!r} runtime (gVisor is an optional mode)")
-    return name
+    return runtime_or_skip(docker_client, request.param)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import spillbox.sandbox.docker.pool as pool
-from conftest import pooled_task
+from conftest import GVISOR, pooled_task, runtime_or_skip
 from spillbox import Harness, SpillboxError, Task, ToolResult
 from spillbox.sandbox.docker import (
     ENGINE_USER,
@@ -37,20 +37,13 @@ from spillbox.sandbox.storage import CACHE_DIR, OFFLOAD_DIR
 
 pytestmark = pytest.mark.docker
 
-GVISOR = "runsc"
-
 
 @pytest.fixture(params=[None, GVISOR], ids=["runc", "gvisor"])
 def harness(
     request: pytest.FixtureRequest, docker_client: Any, docker_home: Path
 ) -> Iterator[Harness]:
     """A docker harness whose sandboxes use the parametrized OCI runtime."""
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(
-            f"the engine has no {runtime!r} runtime (gVisor is an optional stronger mode): "
-            "install runsc and register it in /etc/docker/daemon.json to run these"
-        )
+    runtime = runtime_or_skip(docker_client, request.param)
     with Harness(
         sandbox="docker", home=docker_home, options=SandboxOptions(runtime=runtime)
     ) as harness:

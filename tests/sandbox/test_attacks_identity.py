@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_attacks
 from test_attacks import payload
 
+from conftest import GVISOR, runtime_or_skip
 from spillbox import Harness, SandboxError, ToolResult
 from spillbox.sandbox.docker import LABEL_HOME, LABEL_TASK, DockerBackend, SandboxOptions
 from spillbox.sandbox.image import image_tag
@@ -22,16 +22,13 @@ from test_identity_attacks import old_name
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(params=[None, test_attacks.GVISOR], ids=["runc", "gvisor"])
+@pytest.fixture(params=[None, GVISOR], ids=["runc", "gvisor"])
 def harness(
     request: pytest.FixtureRequest, docker_client: Any, docker_home: Path
 ) -> Iterator[Harness]:
     """A docker harness under runc, and again under gVisor, without a collector (which
     would sweep the stale container below as an orphan)."""
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime: install runsc to run these")
-    options = SandboxOptions(runtime=runtime)
+    options = SandboxOptions(runtime=runtime_or_skip(docker_client, request.param))
     with Harness(sandbox="docker", home=docker_home, options=options, gc_interval=-1) as h:
         yield h
 

@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
+from conftest import GVISOR, runtime_or_skip
 from spillbox import Harness, Task
 from spillbox.history import HISTORY_REF, HISTORY_TOOL, History
 from spillbox.sandbox.docker import SandboxOptions, cleanup_home
 
 pytestmark = pytest.mark.docker
-
-GVISOR = "runsc"
 
 
 @pytest.fixture(scope="module", params=[None, GVISOR], ids=["runc", "gvisor"])
@@ -27,9 +26,7 @@ def task(
 ) -> Iterator[Task]:
     """One task per runtime, shared by the module's tests: each appends to its history
     and checks what its own appends did."""
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
+    runtime = runtime_or_skip(docker_client, request.param)
     home: Path = tmp_path_factory.mktemp("history-append")
     options = SandboxOptions(runtime=runtime)
     with Harness(sandbox="docker", home=home, options=options, gc_interval=-1) as harness:

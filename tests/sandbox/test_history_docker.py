@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from conftest import GVISOR, runtime_or_skip
 from spillbox import Harness, Task
 from spillbox.history import HISTORY_REF, History
 from spillbox.sandbox.docker import SandboxOptions
@@ -18,14 +19,10 @@ from spillbox.tools import Toolset
 
 pytestmark = pytest.mark.docker
 
-GVISOR = "runsc"
-
 
 @pytest.fixture(params=[None, GVISOR], ids=["runc", "gvisor"])
 def task(request: pytest.FixtureRequest, docker_client: Any, docker_home: Path) -> Iterator[Task]:
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional mode)")
+    runtime = runtime_or_skip(docker_client, request.param)
     options = SandboxOptions(runtime=runtime)
     with Harness(sandbox="docker", home=docker_home, options=options, gc_interval=-1) as harness:
         task = harness.task("history")

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from conftest import GVISOR, runtime_or_skip
 from spillbox import Harness, Task, ToolResult
 from spillbox.sandbox.docker import LABEL_HOME, LABEL_POOL, LABEL_SLOT, LABEL_TASK, SandboxOptions
 from spillbox.sandbox.docker.pool import SLOTS_DIR
 
 pytestmark = pytest.mark.docker
 
-GVISOR = "runsc"
 FILL_SECONDS = 300.0
 """How long a test waits for its pool to be full (a slot starts a fork server: seconds)."""
 HARNESS_PROCESS = """
@@ -41,9 +41,7 @@ time.sleep(600)
 
 @pytest.fixture(params=[None, GVISOR], ids=["runc", "gvisor"])
 def runtime(request: pytest.FixtureRequest, docker_client: Any) -> str | None:
-    if request.param is not None and request.param not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {request.param!r} runtime: install runsc to run these")
-    return request.param  # type: ignore[no-any-return]
+    return runtime_or_skip(docker_client, request.param)
 
 
 def pooled(home: Path, runtime: str | None, size: int = 1) -> Harness:

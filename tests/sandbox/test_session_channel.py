@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_attacks import GVISOR
 
+from conftest import GVISOR, runtime_or_skip
 from spillbox import ExecResult, Harness, Task
 from spillbox.errors import ExecError
 from spillbox.sandbox.docker import SESSION_UID, DockerBackend, SandboxOptions, cleanup_home
@@ -44,9 +44,7 @@ def harness(
     request: pytest.FixtureRequest, docker_client: Any, sandbox_image: str, tmp_path_factory: Any
 ) -> Iterator[Harness]:
     """One docker harness per runtime, shared by the module's tests (each makes its tasks)."""
-    runtime = request.param
-    if runtime is not None and runtime not in docker_client.info().get("Runtimes", {}):
-        pytest.skip(f"the engine has no {runtime!r} runtime (gVisor is an optional stronger mode)")
+    runtime = runtime_or_skip(docker_client, request.param)
     home: Path = tmp_path_factory.mktemp("session-channel")
     options = SandboxOptions(runtime=runtime)
     with Harness(sandbox="docker", home=home, options=options) as harness:
