@@ -301,7 +301,12 @@ async def _http(home: str, calls: int) -> dict[str, Any]:
             for (name, server, _), session in zip(started, sessions, strict=True):
                 await session.list_tools()
                 results[name] = {"idle": _status_kb(server.pid, "VmRSS") * 1024, "times": []}
+            # The SDK's Client in its default era, which only spillbox of the three speaks.
+            modern = await stack.enter_async_context(
+                Client(started[0][2], mode=LATEST_MODERN_VERSION)
+            )
             times: list[float] = []
+            modern_times: list[float] = []
             for n in range(WARMUP_CALLS + calls):
                 took = await _timed_call(direct, "echo", args)
                 if n >= WARMUP_CALLS:
@@ -310,6 +315,9 @@ async def _http(home: str, calls: int) -> dict[str, Any]:
                     took = await _timed_call(session, "echo", args)
                     if n >= WARMUP_CALLS:
                         results[name]["times"].append(took)
+                took = await _timed_call(modern, "echo", args)
+                if n >= WARMUP_CALLS:
+                    modern_times.append(took)
     finally:
         for _, server, _ in started:
             server.terminate()
@@ -318,6 +326,7 @@ async def _http(home: str, calls: int) -> dict[str, Any]:
     return {
         "calls": calls,
         "direct_median_ms": direct_ms,
+        "modern_median_ms": _ms(modern_times, _median),
         "proxies": {
             name: {"idle": r["idle"], "median_ms": _ms(r["times"], _median)}
             for name, r in results.items()
@@ -422,7 +431,11 @@ def _http_markdown(http: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {measured['median_ms']:.2f} | {added:.2f} | {measured['idle'] / MB:.0f} |"
         )
+    modern = http["modern_median_ms"]
     lines += [
+        "",
+        f"spillbox with the SDK's Client in its default era (2026-07-28, which neither other "
+        f"proxy speaks): median {modern:.2f} ms, {modern - direct:.2f} added.",
         "",
         f"The {BARE} (benchmarks/bare_proxy.py: the mcp {version('mcp')} SDK's own HTTP server "
         "in front and stdio client behind, calls passed straight through) is the floor under "
