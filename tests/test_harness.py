@@ -189,6 +189,35 @@ def test_binary_and_invalid_utf8_are_stored_exactly_and_described(
         assert fields["tokens"] == "n/a (binary)"
 
 
+@pytest.mark.parametrize("content", [None, 12345, ["a"], {"rows": 1}])
+def test_a_result_that_is_neither_text_nor_bytes_is_refused_in_one_line(content: Any) -> None:
+    with pytest.raises(TypeError, match=r"ToolResult\.content must be str or bytes, not ") as e:
+        ToolResult(call_id="c1", tool="t", content=content)
+    assert "\n" not in str(e.value) and "json.dumps" in str(e.value)
+
+
+@pytest.mark.parametrize("field", ["call_id", "tool"])
+@pytest.mark.parametrize("value", [None, 7, b"c1"])
+def test_an_id_or_tool_name_that_is_not_text_is_refused(field: str, value: Any) -> None:
+    given = {"call_id": "c1", "tool": "t", field: value}
+    with pytest.raises(TypeError, match=rf"ToolResult\.{field} must be a str, not "):
+        ToolResult(content="x", **given)
+
+
+def test_a_bytes_like_result_is_stored_as_the_bytes_it_held(harness: Harness) -> None:
+    held = bytes(random.Random(3).randbytes(50_000)) + b"\xff"
+    buffer = bytearray(held)
+    result = ToolResult(call_id="c1", tool="t", content=buffer)
+    buffer[:4] = b"XXXX"  # changed after the result was made: the result keeps what it held
+    view = ToolResult(call_id="c2", tool="t", content=memoryview(held))
+    task = harness.task("t1")
+    admitted = task.admit([result, view])
+    for item in admitted:
+        assert item.offloaded and item.artifact is not None
+        assert item.artifact.host_path.read_bytes() == held
+    assert admitted[1].text.count("c1") >= 1  # the same bytes: pointed to the first copy
+
+
 def test_the_same_step_twice_gives_the_same_texts(harness: Harness) -> None:
     step = [
         ToolResult("c1", "list_prs", pr_json(60_000, seed=1)),

@@ -64,6 +64,19 @@ class ToolResult:
     offloaded from the command line, a script's output file); None: the call id, with the
     extension of the payload's shape."""
 
+    def __post_init__(self) -> None:
+        for name, value in (("call_id", self.call_id), ("tool", self.tool)):
+            if not isinstance(value, str):
+                raise TypeError(f"ToolResult.{name} must be a str, not {type(value).__name__}")
+        content = self.content
+        if isinstance(content, bytearray | memoryview):
+            object.__setattr__(self, "content", bytes(content))  # what they hold now, kept
+        elif not isinstance(content, str | bytes):
+            raise TypeError(
+                f"ToolResult.content must be str or bytes, not {type(content).__name__}: "
+                "give the tool's output as text (json.dumps for data) or as its bytes"
+            )
+
     def size(self) -> int:
         """How many bytes payload() stores, counted without encoding the content whole."""
         content = self.content
