@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -89,6 +90,39 @@ def test_a_catalog_at_the_newest_revision_opens_without_alembic(home: Path) -> N
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_long_lived_process_migrates_in_a_child_and_never_imports_alembic(
+    home: Path, catalog_url: str | None
+) -> None:
+    """A server's catalog (Harness(long_lived=True)) is migrated by a child process: the
+    server never holds Alembic and Mako (about 24 MB of a fresh home's proxy at idle)."""
+    script = (
+        "import os, sys; from pathlib import Path; from spillbox.catalog import Catalog, migrate\n"
+        "c = Catalog(Path(sys.argv[1]), url=os.environ['URL'] or None, migrate_apart=True)\n"
+        "print(c.migrated, migrate._recorded(c.db) == migrate.newest_file(),\n"
+        "      sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'mako'}))\n"
+        "c.close()"
+    )
+    env = {**os.environ, "URL": catalog_url or ""}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(home)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["True", "True", "[]"]
+
+
+def test_a_child_that_cannot_migrate_leaves_it_to_this_process(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(home / "no-such-python"))
+    catalog = Catalog(home, migrate_apart=True)
+    assert catalog.migrated and catalog.revision() == migrate.head()
+    catalog.close()
 
 
 _EVERY_USE = """

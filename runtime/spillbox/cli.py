@@ -682,7 +682,11 @@ def _mcp(args: argparse.Namespace) -> int:
     # stdio it serves one task: a warm pool would start containers no task takes.
     pool_size = args.pool_size if listen is not None else 0
     with Harness(
-        sandbox=args.sandbox, home=args.home, pool_size=pool_size, cluster=args.cluster
+        sandbox=args.sandbox,
+        home=args.home,
+        pool_size=pool_size,
+        cluster=args.cluster,
+        long_lived=True,
     ) as harness:
         if listen is None:
             with _task(args, harness, args.task or mcp.new_task_id()) as task:

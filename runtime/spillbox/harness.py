@@ -86,6 +86,8 @@ class Harness(_ClosedOnExit):
         cluster: str | None = None,
         metrics_listen: str | None = None,
         pool_size: int | None = None,
+        *,
+        long_lived: bool = False,
     ) -> None:
         """Every argument left out comes from the environment (Settings.from_env), then
         spillbox's defaults.
@@ -94,6 +96,9 @@ class Harness(_ClosedOnExit):
         else 2; 0: none, each task starts its own container).
         cluster: a Ray cluster's address (or SPILLBOX_CLUSTER): tasks are kept by its
         spillbox hosts (spillbox[ray]; a Postgres catalog_url), not on this machine.
+        long_lived: a server that runs for days (`spillbox mcp proxy`, `mcp serve`): a
+        catalog whose schema is not the newest is migrated in a child process, so that
+        this one never holds the migration's libraries (about 24 MB of its idle memory).
         """
         settings = Settings.from_env(environ)
         overrides: dict[str, Any] = {
@@ -111,7 +116,7 @@ class Harness(_ClosedOnExit):
         self.settings = settings
         self.policy = settings.policy
         self.counter = counter or default_counter(settings.policy.encoding)
-        self.catalog = Catalog(settings.home, url=settings.catalog_url)
+        self.catalog = Catalog(settings.home, url=settings.catalog_url, migrate_apart=long_lived)
         self.backend: SandboxBackend = make_backend(
             settings.sandbox,
             settings.home,

@@ -88,8 +88,14 @@ class Catalog:
     """
 
     def __init__(
-        self, home: Path, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, url: str | None = None
+        self,
+        home: Path,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        url: str | None = None,
+        migrate_apart: bool = False,
     ) -> None:
+        """migrate_apart: a schema that is not the newest is migrated in a child process
+        (see migrate.upgrade), for a long-lived server."""
         self.path: Path | None = None
         """The SQLite file (None on Postgres)."""
         self.busy_timeout = busy_timeout
@@ -117,7 +123,8 @@ class Catalog:
         """The statements' runner, also for the catalog's other modules (claims, calls)."""
         try:
             with self.db.errors("migrating the schema"):
-                self.migrated = migrate.upgrade(self.db)
+                apart = (home, url) if migrate_apart else None
+                self.migrated = migrate.upgrade(self.db, apart)
                 """Whether opening this catalog ran migrations (another process may have)."""
         except BaseException:
             self.db.close()

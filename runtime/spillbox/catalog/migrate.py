@@ -13,6 +13,9 @@ spillbox from before refuses the catalog (a newer schema) rather than writing to
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import zlib
 from functools import cache
@@ -43,6 +46,10 @@ LEGACY_NAMES = (
 revisions 0001, 0002 and 0003 (versions/0001_create_tasks_artifacts_and_access_log.py...)
 do the same."""
 MOVED_TO_ALEMBIC = "moved_to_alembic"
+CHILD_URL_VARIABLE = "SPILLBOX_MIGRATE_URL"
+"""The catalog url a migrating child gets (empty: the SQLite catalog in its home)."""
+CHILD_SECONDS = 600.0
+"""How long a migrating child may take (it may wait for another process's migration)."""
 
 
 @cache
@@ -86,10 +93,17 @@ def current(connection: Connection) -> str | None:
     return revision
 
 
-def upgrade(db: Database) -> bool:
-    """Bring the schema to head under the migration lock; True if this call changed it."""
+def upgrade(db: Database, apart: tuple[Path, str | None] | None = None) -> bool:
+    """Bring the schema to head under the migration lock; True if this call changed it.
+
+    apart: the catalog's home and url, to migrate in a child process first (what a
+    long-lived server asks: Alembic, Mako and SQLAlchemy's DDL, about 12 MB once imported,
+    would stay in its memory for the rest of its life); what fails there is left to the
+    migration here, which then says it in its own words."""
     if _recorded(db) == newest_file():
         return False
+    if apart is not None and _upgraded_apart(*apart) and _recorded(db) == newest_file():
+        return True
     from sqlalchemy import text
 
     where, engine = db.where, db.engine
@@ -119,6 +133,18 @@ def upgrade(db: Database) -> bool:
             finally:
                 config.attributes.pop("connection", None)
     return True
+
+
+def _upgraded_apart(home: Path, url: str | None) -> bool:
+    """Whether a child process opened the catalog (migrating it) and exited cleanly. Its
+    url goes by the environment, not the command line (which other users can read)."""
+    env = {**os.environ, CHILD_URL_VARIABLE: url or ""}
+    command = [sys.executable, "-m", "spillbox.catalog.migrate", str(home)]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, timeout=CHILD_SECONDS)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def _recorded(db: Database) -> str | None:
@@ -175,3 +201,14 @@ def _newer(where: str, revision: str) -> ConfigError:
         f"the catalog {where} has schema version {revision!r}, newer than this spillbox "
         f"knows ({head()!r}): upgrade spillbox"
     )
+
+
+def _main(home: str) -> None:
+    """A migrating child (see upgrade): open the catalog, which migrates it, and close it."""
+    from spillbox.catalog import Catalog
+
+    Catalog(Path(home), url=os.environ.get(CHILD_URL_VARIABLE) or None).close()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
