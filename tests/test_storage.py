@@ -8,6 +8,7 @@ import re
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -120,6 +121,25 @@ def test_a_digest_given_for_other_bytes_is_not_taken(home: Path, size: int) -> N
         assert staged.sha256 == hashlib.sha256(data).hexdigest()
     with storage.stage(data, digest=Digest(data)) as staged:
         assert staged.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_a_digest_whose_thread_failed_is_hashed_again_not_left_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = os.urandom(PARALLEL_HASH_BYTES)
+    calls: list[int] = []
+    sha256 = hashlib.sha256
+
+    def once_failing(given: bytes) -> Any:
+        calls.append(len(given))
+        if len(calls) == 1:
+            raise MemoryError("the first hash fails")
+        return sha256(given)
+
+    monkeypatch.setattr("spillbox.digest.hashlib.sha256", once_failing)
+    monkeypatch.setattr("threading.excepthook", lambda args: None)  # the thread's own report
+    assert Digest(data).hexdigest() == sha256(data).hexdigest()
+    assert calls == [len(data), len(data)]
 
 
 @pytest.mark.parametrize("name", ["../task-id", ".incoming", "missing.json", "", "a/b"])

@@ -39,6 +39,6 @@ class Digest:
     def hexdigest(self) -> str:
         if self._thread is not None:
             self._thread.join()
-        elif not self._hex:
+        if not self._hex:  # small, or the thread failed (out of memory): hashed here, or raised
             self._hash()
         return self._hex
