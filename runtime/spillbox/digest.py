@@ -33,6 +33,11 @@ class Digest:
             self._thread = threading.Thread(target=self._hash, name="spillbox-sha256", daemon=True)
             self._thread.start()
 
+    @classmethod
+    def of(cls, data: bytes, given: Digest | None) -> Digest:
+        """given if it is data's (begun earlier, by the gate), else data's begun now."""
+        return given if given is not None and given.data is data else cls(data)
+
     def _hash(self) -> None:
         self._hex = hashlib.sha256(self.data).hexdigest()
 

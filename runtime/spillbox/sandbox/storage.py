@@ -215,11 +215,6 @@ def _open_lock(storage: TaskStorage) -> int:
         ) from e
 
 
-def digest_of(data: bytes, digest: Digest | None) -> Digest:
-    """digest if it is data's, else data's digest begun now."""
-    return digest if digest is not None and digest.data is data else Digest(data)
-
-
 def _write(fd: int, data: bytes) -> None:
     """Write data to fd (closing it, mode 0644)."""
     with os.fdopen(fd, "wb") as out:
@@ -404,7 +399,7 @@ class TaskStorage:
         under it ahead, saving a round trip; here publishing costs none). digest: data's,
         begun already (the gate's); if None, or of other bytes, it is begun here.
         """
-        digest = digest_of(data, digest)
+        digest = Digest.of(data, digest)
         if not self.incoming.is_dir():
             self.ensure()
         what = f"a payload of {len(data)} bytes"

@@ -19,7 +19,7 @@ from typing import Any
 from spillbox.digest import Digest
 from spillbox.errors import StorageError
 from spillbox.sandbox.ray.link import HostLink
-from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, digest_of
+from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage
 
 
 class HostStorage(TaskStorage):
@@ -86,7 +86,7 @@ class HostStorage(TaskStorage):
         link = self.link
         assert link is not None, "a task placed nowhere has no storage to call"
         self._warm = True
-        digest = digest_of(data, digest)
+        digest = Digest.of(data, digest)
         asked = _Asked(link, link.ask("stage", self.task_id, data, want), data, digest)
         staged = _HostStaged(self, "", asked.sha256, len(data), asked=asked)
         try:
