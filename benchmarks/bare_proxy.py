@@ -33,7 +33,10 @@ async def serve(port: int, command: list[str]) -> None:
         await upstream.initialize()
 
         async def list_tools(_: Any, params: types.PaginatedRequestParams | None) -> Any:
-            return await upstream.list_tools(params=params)
+            # The cursor alone: the client's params carry its own era's _meta envelope,
+            # which a 2025 upstream refuses when its client speaks 2026-07-28.
+            cursor = params.cursor if params is not None else None
+            return await upstream.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
 
         async def call_tool(_: Any, params: types.CallToolRequestParams) -> Any:
             return await upstream.call_tool(params.name, params.arguments)

@@ -1,5 +1,5 @@
 """An upstream that speaks streamable HTTP (`spillbox mcp proxy --url`): server-everything
-(npm) in its streamableHttp mode."""
+(npm) in its streamableHttp mode, and a server on the official SDK's own stateful app."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp.client.stdio import StdioServerParameters
-from mcp_client import BIN, connect, text_of
+from mcp_client import BIN, connect, text_of, toy_server
 
 from spillbox import parse_notice
 
@@ -21,15 +22,16 @@ pytestmark = pytest.mark.anyio
 pytest_plugins = ["mcp_fixtures"]
 
 
-@pytest.fixture
-def everything_url(npm_servers: Path) -> Iterator[str]:
-    """server-everything listening on a free local port; its /mcp endpoint."""
+@contextmanager
+def serving(command: list[str], env: dict[str, str] | None = None) -> Iterator[str]:
+    """command (given a free local port as PORT in its environment and as {port} in its
+    arguments) serving MCP over HTTP; its /mcp endpoint, once it accepts connections."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [str(npm_servers / "mcp-server-everything"), "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
+        [arg.format(port=port) for arg in command],
+        env={**os.environ, **(env or {}), "PORT": str(port)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -44,6 +46,13 @@ def everything_url(npm_servers: Path) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.fixture
+def everything_url(npm_servers: Path) -> Iterator[str]:
+    """server-everything listening on a free local port; its /mcp endpoint."""
+    with serving([str(npm_servers / "mcp-server-everything"), "streamableHttp"]) as url:
+        yield url
 
 
 async def test_a_streamable_http_upstream_is_gated_and_relays_progress(
@@ -71,3 +80,22 @@ async def test_a_streamable_http_upstream_is_gated_and_relays_progress(
     assert notice is not None, text_of(large)[:300]
     assert await anyio.Path(notice["path"]).read_text() == f"Echo: {big}"
     assert not long.is_error and len(progress) >= 3
+
+
+async def test_an_upstream_on_the_sdks_own_http_app_is_gated(home: Path) -> None:
+    """An upstream on the official SDK's stateful streamable HTTP app, which answers
+    server/discover (server-everything does not): tools listed and called through the
+    proxy, a large result stored whole."""
+    with serving(toy_server("--http", "{port}")) as url:
+        args = ["mcp", "proxy", "--home", str(home), "--sandbox", "none", "--url", url]
+        params = StdioServerParameters(command=str(BIN / "spillbox"), args=args)
+        async with connect(params) as session:
+            names = {tool.name for tool in (await session.list_tools()).tools}
+            small = await session.call_tool("echo", {"text": "hello"})
+            large = await session.call_tool("blob", {"size": 200_000})
+    assert {"echo", "blob", "read_artifact"} <= names
+    assert text_of(small) == "hello"
+    notice = parse_notice(text_of(large))
+    assert notice is not None, text_of(large)[:300]
+    stored = await anyio.Path(notice["path"]).read_text()
+    assert len(stored) == 200_000 and stored.startswith("0123456789abcdef")

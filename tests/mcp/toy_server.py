@@ -4,11 +4,13 @@ answers, a result of a given size, a call that takes a given time, a hostile res
 shape (`result` answers the CallToolResult it is given). The MCP benchmark
 (benchmarks/mcp_bench.py) uses it as its upstream too.
 
-    python toy_server.py [--cancelled FILE] [--pinged FILE] [--output-schema JSON]
+    python toy_server.py [--cancelled FILE] [--pinged FILE] [--output-schema JSON] [--http PORT]
 
 --cancelled FILE: a call of `never` that is cancelled writes its request id to FILE.
 --pinged FILE: each ping the server answers adds a line to FILE.
 --output-schema JSON: the outputSchema the tool `result` declares.
+--http PORT: serve streamable HTTP at http://127.0.0.1:PORT/mcp (the SDK's own stateful
+app, served by uvicorn) instead of stdio.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import uvicorn
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
@@ -138,6 +141,7 @@ def main() -> None:
     parser.add_argument("--cancelled", type=Path)
     parser.add_argument("--pinged", type=Path)
     parser.add_argument("--output-schema", type=json.loads)
+    parser.add_argument("--http", type=int, metavar="PORT")
     parser.add_argument(
         "--resource-text", help="serve one resource (as text and as a blob) and one prompt of it"
     )
@@ -246,6 +250,11 @@ def main() -> None:
     server: Server[Any] = Server(
         "toy", on_list_tools=list_tools, on_call_tool=call_tool, on_ping=ping, **served
     )
+
+    if options.http is not None:
+        app = server.streamable_http_app()
+        uvicorn.run(app, host="127.0.0.1", port=options.http, log_level="warning")
+        return
 
     async def serve() -> None:
         async with stdio_server() as (read, write):
