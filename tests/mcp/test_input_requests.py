@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp_client import listening, npm_server, proxy_params, text_of, toy_server
+from mcp_client import http_connect, listening, npm_server, proxy_params, text_of, toy_server
 
 from mcp import Client
 from spillbox.notice import parse_notice
@@ -156,3 +156,17 @@ async def test_a_forged_replayed_or_wrong_answer_is_refused_in_one_line(home: Pa
     assert f"inputResponses['{key}']" in refusals[2] and "sampling/createMessage" in refusals[2]
     assert isinstance(done, types.CallToolResult) and "sampled: late; roots: " in text_of(done)
     assert "no call of this server waits for input" in str(replayed.value)
+
+
+async def test_an_upstream_asks_a_2025_client_over_http(home: Path) -> None:
+    """The toy server's requests to the client, relayed on the call's SSE stream of a
+    2025-11-25 session (the stream is opened by the first of them: the call's answer
+    would have come as JSON alone)."""
+    answers = Answers()
+    with listening(home, "proxy", "--", *toy_server()) as (url, _server):
+        async with http_connect(url, **answers.callbacks()) as session:
+            with anyio.fail_after(60):
+                asked = await session.call_tool("ask", {"prompt": "over http"})
+    assert not asked.is_error
+    assert text_of(asked).startswith(f"sampled: relayed answer; roots: {ROOT}")
+    assert answers.asked == ["sampling: over http", "roots"]

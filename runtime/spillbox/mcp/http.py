@@ -8,7 +8,8 @@ and gate.
 The SDK's session manager serves one Server for all sessions, but a proxy is one per
 session (its upstream, its task, its tool names), so sessions are routed here, each to the
 SDK's own transport for one session (StreamableHTTPServerTransport: the session id, POST,
-GET and DELETE, JSON-RPC over SSE). Before any of that, every request's Host and Origin are
+GET and DELETE), but that a request whose answer comes alone is answered with JSON, not
+SSE (spillbox.mcp.deferred). Before any of that, every request's Host and Origin are
 checked (DNS rebinding: a page in a browser must not reach sandbox_exec): another origin
 gets 403, another host 421. A request whose MCP-Protocol-Version this server does not
 speak gets 400, an unknown or ended session 404. Requests are routed on their headers
@@ -59,6 +60,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from spillbox.errors import ConfigError
+from spillbox.mcp.deferred import DeferredSSETransport
 from spillbox.mcp.proxy import Proxy
 from spillbox.mcp.upstream import one_line
 from spillbox.protocols import TaskHandle
@@ -323,7 +325,7 @@ class Sessions:
             return
         finally:
             self.opening -= 1
-        transport = StreamableHTTPServerTransport(
+        transport = DeferredSSETransport(
             mcp_session_id=uuid4().hex,
             security_settings=self.security,
             idle_timeout=self.session_timeout,

@@ -1,0 +1,135 @@
+"""How `spillbox mcp proxy --listen` answers a 2025-era session's requests
+(spillbox.mcp.deferred): with one JSON body when only the answer comes, on an SSE stream
+when a progress notification (or a request to the client, tests/mcp/test_input_requests)
+comes first or the answer is later than the deferral window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import serve_loop
+from mcp_client import http_connect, listening, npm_server, text_of, toy_server
+
+from spillbox.mcp import deferred
+from spillbox.mcp.deferred import DeferredSSETransport
+
+pytestmark = pytest.mark.anyio
+pytest_plugins = ["mcp_fixtures"]
+
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def call(n: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": params}
+
+
+async def opened(client: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """A session opened at url with initialize; the headers each later request carries."""
+    response = await client.post(url, json=INITIALIZE, headers=ACCEPT)
+    assert response.status_code == 200, response.text
+    headers = {
+        **ACCEPT,
+        "mcp-session-id": response.headers["mcp-session-id"],
+        "mcp-protocol-version": "2025-11-25",
+    }
+    assert (await client.post(url, json=INITIALIZED, headers=headers)).status_code == 202
+    return headers
+
+
+def sse_messages(body: str) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
+
+
+async def test_an_answer_that_comes_alone_is_one_json_body(home: Path) -> None:
+    with listening(home, "proxy", "--", *toy_server()) as (url, _):
+        async with httpx.AsyncClient(timeout=60) as client:
+            headers = await opened(client, url)
+            echoed = await client.post(url, json=call(1, "echo", {"text": "hi"}), headers=headers)
+            unknown = await client.post(url, json=call(2, "nosuch", {}), headers=headers)
+    assert echoed.headers["content-type"] == "application/json"
+    assert echoed.json()["id"] == 1
+    assert echoed.json()["result"]["content"][0]["text"] == "hi"
+    assert unknown.headers["content-type"] == "application/json"
+    assert unknown.json()["id"] == 2 and unknown.json()["error"]["message"]
+
+
+async def test_progress_comes_on_an_sse_stream_before_the_answer(
+    npm_servers: Path, home: Path
+) -> None:
+    command = npm_server(npm_servers, "mcp-server-everything")
+    with listening(home, "proxy", "--", *command) as (url, _):
+        async with httpx.AsyncClient(timeout=60) as client:
+            headers = await opened(client, url)
+            request = call(1, "trigger-long-running-operation", {"duration": 1, "steps": 3})
+            request["params"]["_meta"] = {"progressToken": "p1"}
+            streamed = await client.post(url, json=request, headers=headers)
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        async with http_connect(url) as session:  # and the SDK's client reads it so
+            long = await session.call_tool(
+                "trigger-long-running-operation",
+                {"duration": 1, "steps": 3},
+                progress_callback=on_progress,
+            )
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    messages = sse_messages(streamed.text)
+    methods = [m.get("method") for m in messages[:-1]]
+    assert methods and all(m == "notifications/progress" for m in methods), messages
+    assert messages[-1]["id"] == 1 and "result" in messages[-1]
+    assert not long.is_error and progress == [1, 2, 3]
+
+
+async def test_an_answer_later_than_the_deferral_window_comes_on_an_sse_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In process, the window shortened: the SSE stream is opened when it passes, and the
+    answer comes on it; a quick answer in the same session is still JSON."""
+    monkeypatch.setattr(deferred, "DEFERRAL_SECONDS", 0.05)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        await anyio.sleep(float((params.arguments or {}).get("seconds", 0)))
+        return types.CallToolResult(content=[types.TextContent(text=params.name)])
+
+    server: Server[Any] = Server("slow", on_call_tool=call_tool)
+    transport = DeferredSSETransport(mcp_session_id="s1", security_settings=None)
+    asgi = httpx.ASGITransport(app=transport.handle_request)
+    async with (
+        transport.connect() as (read, write),
+        anyio.create_task_group() as group,
+        server.lifespan(server) as state,
+    ):
+        group.start_soon(
+            lambda: serve_loop(server, read, write, lifespan_state=state, session_id="s1")
+        )
+        url = "http://127.0.0.1/mcp"
+        async with httpx.AsyncClient(transport=asgi) as client:
+            headers = await opened(client, url)
+            slow = await client.post(url, json=call(1, "slow", {"seconds": 0.5}), headers=headers)
+            quick = await client.post(url, json=call(2, "quick", {}), headers=headers)
+        group.cancel_scope.cancel()
+    assert slow.headers["content-type"].startswith("text/event-stream")
+    assert sse_messages(slow.text)[-1]["result"]["content"][0]["text"] == "slow"
+    assert quick.headers["content-type"] == "application/json"
+    assert text_of(types.CallToolResult.model_validate(quick.json()["result"])) == "quick"
