@@ -100,3 +100,43 @@ async def test_a_2026_client_naming_its_task_in_a_header_reads_links_in_later_re
     assert json.loads(second.text)["position"]["start"] == page["position"]["end"]
     assert text_of(echoed) == "still here"
     assert tasks_of(home) == ["by-header"]
+
+
+@pytest.mark.anyio
+async def test_a_2026_calls_mcp_param_header_is_checked_against_its_argument(
+    home: Path,
+) -> None:
+    """The toy's `region` declares its argument an x-mcp-header: the SDK's client sends
+    Mcp-Param-Region with the call and is served; a call whose header says another region
+    than its body is refused (400) before it reaches the upstream. The schema is the one
+    the proxy last listed: the upstream is not asked for its tools per call."""
+    listed = home / "listed"
+    upstream = toy_server("--listed", str(listed))
+    args = ("proxy", "--task", "shared", "--upstream-start-timeout", "60", "--", *upstream)
+    with listening(home, *args) as (url, _server):
+        async with Client(url, mode=MODERN) as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            served = await client.call_tool("region", {"region": "eu-west"})
+        call = tools_list()
+        call["method"] = "tools/call"
+        call["params"] = {**call["params"], "name": "region", "arguments": {"region": "eu-west"}}  # type: ignore[dict-item]
+        headers = {
+            **ACCEPT,
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": "region",
+        }
+        async with httpx2.AsyncClient(timeout=60) as http:
+            lying = await http.post(
+                url, content=json.dumps(call), headers={**headers, "Mcp-Param-Region": "us-east"}
+            )
+            honest = await http.post(
+                url, content=json.dumps(call), headers={**headers, "Mcp-Param-Region": "eu-west"}
+            )
+    assert "region" in names and text_of(served) == "eu-west"
+    assert lying.status_code == 400, lying.text
+    assert "Mcp-Param-Region" in lying.json()["error"]["message"]
+    assert honest.status_code == 200, honest.text
+    # Once as the task's first request connected it, once for the client's own listing.
+    assert listed.read_text().count("tools/list") == 2

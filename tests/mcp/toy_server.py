@@ -4,10 +4,12 @@ answers, a result of a given size, a call that takes a given time, a hostile res
 shape (`result` answers the CallToolResult it is given). The MCP benchmark
 (benchmarks/mcp_bench.py) uses it as its upstream too.
 
-    python toy_server.py [--cancelled FILE] [--pinged FILE] [--output-schema JSON] [--http PORT]
+    python toy_server.py [--cancelled FILE] [--pinged FILE] [--listed FILE]
+                          [--output-schema JSON] [--http PORT]
 
 --cancelled FILE: a call of `never` that is cancelled writes its request id to FILE.
 --pinged FILE: each ping the server answers adds a line to FILE.
+--listed FILE: each tools/list the server answers adds a line to FILE.
 --output-schema JSON: the outputSchema the tool `result` declares.
 --http PORT: serve streamable HTTP at http://127.0.0.1:PORT/mcp (the SDK's own stateful
 app, served by uvicorn) instead of stdio.
@@ -72,6 +74,14 @@ TOOLS = [
         input_schema={
             "type": "object",
             "properties": {"prompt": {"type": "string"}, "size": {"type": "integer"}},
+        },
+    ),
+    types.Tool(
+        name="region",
+        description="Answers `region`, which a 2026-07-28 client also sends as a header.",
+        input_schema={
+            "type": "object",
+            "properties": {"region": {"type": "string", "x-mcp-header": "Region"}},
         },
     ),
     types.Tool(
@@ -140,6 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cancelled", type=Path)
     parser.add_argument("--pinged", type=Path)
+    parser.add_argument("--listed", type=Path)
     parser.add_argument("--output-schema", type=json.loads)
     parser.add_argument("--http", type=int, metavar="PORT")
     parser.add_argument(
@@ -156,6 +167,9 @@ def main() -> None:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        if options.listed is not None:
+            with options.listed.open("a") as listed:
+                listed.write("tools/list\n")
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(
@@ -194,6 +208,8 @@ def main() -> None:
             return {"resultType": "complete", **args["result"]} if modern else args["result"]
         if params.name == "ask":
             return await ask(ctx, params)
+        if params.name == "region":
+            return types.CallToolResult(content=[types.TextContent(text=str(args["region"]))])
         if params.name == "sleep":
             await anyio.sleep(float(args.get("seconds", 0)))
             text = str(args.get("text", "done"))

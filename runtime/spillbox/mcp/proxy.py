@@ -101,7 +101,9 @@ class Proxy:
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
 
     def _server(self) -> Server[Any]:
-        server: Server[Any] = Server("spillbox", on_list_tools=self._list_tools)
+        server: Server[Any] = Server(
+            "spillbox", on_list_tools=self._list_tools, get_tool_input_schema=self._input_schema
+        )
         # Registered as a request handler, whose result may be the wire's own dict.
         server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
         # A 2026-07-28 client's calls that the upstream needs its input for are rounds
@@ -156,6 +158,20 @@ class Proxy:
         await self._refresh_tools()
         tools = [*self.upstream_tools.values(), *self.local.definitions()]
         return types.ListToolsResult(tools=tools)
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        """A tool's inputSchema as last listed, for the SDK's check of a 2026-07-28 call's
+        Mcp-Param headers against its arguments. Without it the SDK lists the tools anew
+        for every call, here an upstream round trip: 1.7 of the 4.7 ms an echo call took
+        over HTTP. A tool not listed since the upstream connected has no schema here, and
+        its call's headers go unchecked, as the SDK does for a tool its listing lacks."""
+        if name in self.local.names:
+            tool = next(tool for tool in self.local.definitions() if tool.name == name)
+        elif (listed := self.upstream_tools.get(name)) is not None:
+            tool = listed
+        else:
+            return None
+        return tool.input_schema
 
     async def _refresh_tools(self) -> None:
         """Fetch the upstream's whole tool list; rename ours if a name now collides."""
