@@ -19,8 +19,9 @@ sides are driven by the SDK's ClientSession over stdio, so the floor is the SDK'
   each, against the direct stdio call, and each one's RSS at idle. mcp-proxy 0.13 needs
   mcp<2, so it lives in a venv of its own: name its executable in SPILLBOX_BENCH_MCP_PROXY
   (python -m venv V && V/bin/pip install mcp-proxy==0.13.0); without it, spillbox alone.
-  Beside them a bare proxy on spillbox's own SDK (bare_proxy.py), the floor under any
-  proxy built on that SDK: it tells what spillbox adds from what its SDK costs.
+  Beside them a bare proxy on spillbox's own SDK (bare_proxy.py), what that SDK's server
+  and client cost with nothing else (its answers on SSE streams, the SDK's default): it
+  tells what spillbox adds from what its SDK costs.
 
 Targets: the median added to a small call under 2 ms over stdio (issue 10, item 7); over
 streamable HTTP at most what mcp-proxy adds, idle RSS at most 80 MiB, and a 100 MB
@@ -438,9 +439,11 @@ def _http_markdown(http: dict[str, Any]) -> list[str]:
         f"proxy speaks): median {modern:.2f} ms, {modern - direct:.2f} added.",
         "",
         f"The {BARE} (benchmarks/bare_proxy.py: the mcp {version('mcp')} SDK's own HTTP server "
-        "in front and stdio client behind, calls passed straight through) is the floor under "
-        "any proxy on that SDK; mcp-proxy 0.13 runs on mcp<2. What spillbox adds beyond the "
-        f"bare proxy: {_beyond_bare(http):.2f} ms.",
+        "in front, answering every POST on an SSE stream as that server does by default, and "
+        "its stdio client behind, calls passed straight through) is what that SDK costs; "
+        "mcp-proxy 0.13 runs on mcp<2 and answers every POST with one JSON body; spillbox "
+        "answers with JSON when the answer comes alone, on SSE when something comes first. "
+        f"What spillbox adds beyond the bare proxy: {_beyond_bare(http):.2f} ms.",
     ]
     if "mcp-proxy" not in http["proxies"]:
         lines += ["", "mcp-proxy was not measured: set SPILLBOX_BENCH_MCP_PROXY."]
