@@ -6,6 +6,8 @@ comes first or the answer is later than the deferral window."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +103,25 @@ async def test_progress_comes_on_an_sse_stream_before_the_answer(
     assert not long.is_error and progress == [1, 2, 3]
 
 
-async def test_an_answer_later_than_the_deferral_window_comes_on_an_sse_stream(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """In process, the window shortened: the SSE stream is opened when it passes, and the
-    answer comes on it; a quick answer in the same session is still JSON."""
-    monkeypatch.setattr(deferred, "DEFERRAL_SECONDS", 0.05)
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    """A tool of any name: answers its name after `seconds`."""
+    await anyio.sleep(float((params.arguments or {}).get("seconds", 0)))
+    return types.CallToolResult(content=[types.TextContent(text=params.name)])
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        await anyio.sleep(float((params.arguments or {}).get("seconds", 0)))
-        return types.CallToolResult(content=[types.TextContent(text=params.name)])
 
-    server: Server[Any] = Server("slow", on_call_tool=call_tool)
+Tool = Callable[[Any, types.CallToolRequestParams], Awaitable[types.CallToolResult]]
+
+
+@asynccontextmanager
+async def in_process(
+    tool: Tool = call_tool,
+) -> AsyncIterator[tuple[httpx.AsyncClient, str, dict[str, str]]]:
+    """A session of DeferredSSETransport in this process, in front of a Server whose
+    every tool is tool: an HTTP client for it, its URL and the headers of a request in
+    the session."""
+    server: Server[Any] = Server("slow", on_call_tool=tool)
     transport = DeferredSSETransport(mcp_session_id="s1", security_settings=None)
-    asgi = httpx.ASGITransport(app=transport.handle_request)
+    url = "http://127.0.0.1/mcp"
     async with (
         transport.connect() as (read, write),
         anyio.create_task_group() as group,
@@ -123,13 +130,53 @@ async def test_an_answer_later_than_the_deferral_window_comes_on_an_sse_stream(
         group.start_soon(
             lambda: serve_loop(server, read, write, lifespan_state=state, session_id="s1")
         )
-        url = "http://127.0.0.1/mcp"
+        asgi = httpx.ASGITransport(app=transport.handle_request)
         async with httpx.AsyncClient(transport=asgi) as client:
-            headers = await opened(client, url)
-            slow = await client.post(url, json=call(1, "slow", {"seconds": 0.5}), headers=headers)
-            quick = await client.post(url, json=call(2, "quick", {}), headers=headers)
+            yield client, url, await opened(client, url)
         group.cancel_scope.cancel()
+
+
+async def test_an_answer_later_than_the_deferral_window_comes_on_an_sse_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In process, the window shortened: the SSE stream is opened when it passes, and the
+    answer comes on it; a quick answer in the same session is still JSON."""
+    monkeypatch.setattr(deferred, "DEFERRAL_SECONDS", 0.05)
+    async with in_process() as (client, url, headers):
+        slow = await client.post(url, json=call(1, "slow", {"seconds": 0.5}), headers=headers)
+        monkeypatch.setattr(deferred, "DEFERRAL_SECONDS", 60.0)  # room for a loaded machine
+        quick = await client.post(url, json=call(2, "quick", {}), headers=headers)
     assert slow.headers["content-type"].startswith("text/event-stream")
     assert sse_messages(slow.text)[-1]["result"]["content"][0]["text"] == "slow"
     assert quick.headers["content-type"] == "application/json"
     assert text_of(types.CallToolResult.model_validate(quick.json()["result"])) == "quick"
+
+
+async def test_a_request_whose_id_is_in_flight_is_refused_and_the_first_is_answered() -> None:
+    """Answers are routed by id: a second request under an id still in flight would take
+    the first one's answer and leave it none. It is refused (409); the first is answered."""
+    entered, release = anyio.Event(), anyio.Event()
+
+    async def held(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name == "held":
+            entered.set()
+            await release.wait()
+        return await call_tool(ctx, params)
+
+    answers: dict[str, httpx.Response] = {}
+    async with in_process(held) as (client, url, headers):
+
+        async def send(label: str, request: dict[str, Any]) -> None:
+            answers[label] = await client.post(url, json=request, headers=headers)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(send, "held", call(5, "held", {}))
+                await entered.wait()
+                await send("again", call(5, "other", {}))
+                release.set()
+        later = await client.post(url, json=call(5, "reused", {}), headers=headers)
+    assert answers["again"].status_code == 409
+    assert "in flight" in answers["again"].json()["error"]["message"]
+    assert answers["held"].json()["result"]["content"][0]["text"] == "held"
+    assert later.json()["result"]["content"][0]["text"] == "reused"  # once answered, free

@@ -82,6 +82,16 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
         if not await self._validate_request_headers(request, send):
             return
         request_id = str(message.id)
+        if request_id in self._request_streams:
+            # Answers are routed by id: the later request would get the earlier's answer,
+            # and the earlier none (the SDK's own path lets this happen).
+            refused = self._create_error_response(
+                f"Conflict: a request with id {message.id!r} is in flight in this session; "
+                "give each request an id of its own",
+                HTTPStatus.CONFLICT,
+            )
+            await refused(scope, receive, send)
+            return
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
         inbox, events = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         self._request_streams[request_id] = (inbox, events)
