@@ -205,6 +205,23 @@ def test_a_deleted_artifacts_id_is_never_given_again(
         task.close()
 
 
+def test_a_stem_is_never_given_twice_under_two_extensions(harness: Harness) -> None:
+    """The stem is the artifact id: a text result of call c1 after c1's JSON one is
+    c1-2.txt (the catalog knows c1), and a file a crashed offload left with no row
+    (c5.csv, there before this process published anything) keeps c5 from a new payload
+    too, although the catalog does not know it."""
+    storage = TaskStorage(harness.settings.home, "t2")
+    storage.ensure()
+    (storage.offload / "c5.csv").write_bytes(b"a\n1\n")
+    task = harness.task("t2")
+    [json_result] = task.admit([ToolResult("c1", "t", BIG)])
+    [text_result] = task.admit([ToolResult("c1", "t", "plain words " * 3000)])
+    [after_crash] = task.admit([ToolResult("c5", "t", BIG.replace("victim", "c5"))])
+    names = [a.artifact.name for a in (json_result, text_result, after_crash) if a.artifact]
+    assert names == ["c1.json", "c1-2.txt", "c5-2.json"]
+    task.close()
+
+
 # The rough edge: an output file named like a call id
 
 

@@ -45,8 +45,10 @@ class Engine:
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    (tmp_path / "c1.json").write_text("[]")
-    return tmp_path
+    offload = tmp_path / "offload"
+    offload.mkdir()
+    (offload / "c1.json").write_text("[]")
+    return offload
 
 
 def preload_of(container: list[Container | None]) -> tuple[TablePreload, list[str], Any]:
@@ -67,32 +69,32 @@ def wait_for(what: Any, why: str) -> None:
 def test_one_thread_serves_every_request_and_stops_when_closed(folder: Path) -> None:
     preload, asked, _ = preload_of([Container("a")])
     before = threading.active_count()
-    preload.request(folder)
+    preload.request(folder, [])
     wait_for(lambda: asked == ["a"], "the first request was not asked")
     assert threading.active_count() == before + 1  # kept, waiting for the next
     for n in range(2, 5):
         (folder / f"c{n}.json").write_text("[]")
-        preload.request(folder)
+        preload.request(folder, [f"c{n}.json"])
         wait_for(lambda n=n: len(asked) == n, f"request {n} was not asked")
         assert threading.active_count() == before + 1  # the same thread, woken
-    preload.request(folder)  # nothing new: nothing asked
+    preload.request(folder, [])  # nothing new: nothing asked
     preload.close()
     assert threading.active_count() == before
     assert asked == ["a"] * 4
     (folder / "c9.json").write_text("[]")
-    preload.request(folder)  # closed: never asked again
+    preload.request(folder, ["c9.json"])  # closed: never asked again
     assert asked == ["a"] * 4 and threading.active_count() == before
 
 
 def test_tables_offloaded_while_it_asks_are_asked_for_after(folder: Path) -> None:
     preload, asked, hold = preload_of([Container("a")])
     hold.clear()
-    preload.request(folder)
+    preload.request(folder, [])
     wait_for(lambda: asked == ["a"], "the first request was not asked")
     (folder / "c2.json").write_text("[]")
-    preload.request(folder)  # while the first is still being answered
+    preload.request(folder, ["c2.json"])  # while the first is still being answered
     (folder / "c3.csv").write_text("a\n1\n")
-    preload.request(folder)
+    preload.request(folder, ["c3.csv"])
     hold.set()
     wait_for(lambda: len(asked) == 2, "the tables that came meanwhile were not asked for")
     preload.close()
@@ -102,11 +104,11 @@ def test_tables_offloaded_while_it_asks_are_asked_for_after(folder: Path) -> Non
 def test_each_request_takes_the_container_running_then(folder: Path) -> None:
     running: list[Container | None] = [Container("a")]
     preload, asked, _ = preload_of(running)
-    preload.request(folder)
+    preload.request(folder, [])
     wait_for(lambda: asked == ["a"], "the first request was not asked")
     running[0] = Container("b")  # the container was replaced (a restart)
     (folder / "c2.json").write_text("[]")
-    preload.request(folder)
+    preload.request(folder, ["c2.json"])
     wait_for(lambda: asked == ["a", "b"], "the new container's engine was not asked")
     preload.close()
 
@@ -115,12 +117,12 @@ def test_a_failed_start_ends_the_thread_and_the_next_request_starts_one(folder: 
     running: list[Container | None] = [None]
     preload, asked, _ = preload_of(running)
     before = threading.active_count()
-    preload.request(folder)
+    preload.request(folder, [])
     wait_for(lambda: threading.active_count() == before, "the thread outlived a failed start")
     assert asked == []
     running[0] = Container("a")
     (folder / "c2.json").write_text("[]")
-    preload.request(folder)
+    preload.request(folder, ["c2.json"])
     wait_for(lambda: asked == ["a"], "no thread asked after the failed start")
     preload.close()
     assert threading.active_count() == before
@@ -130,8 +132,23 @@ def test_no_table_no_thread(tmp_path: Path) -> None:
     preload, asked, _ = preload_of([Container("a")])
     before = threading.active_count()
     (tmp_path / "c1.txt").write_text("text")
-    preload.request(tmp_path)
-    preload.request(tmp_path / "missing")
+    preload.request(tmp_path, [])
+    preload.request(tmp_path / "missing", [])
     assert threading.active_count() == before
     preload.close()
     assert asked == []
+
+
+def test_the_folder_is_listed_at_the_first_request_only(folder: Path) -> None:
+    """The first request finds the tables already there (an earlier process's); after it,
+    a request asks about the files it is told were published, the folder unread (here it
+    is gone: a listing would find nothing to ask for)."""
+    preload, asked, _ = preload_of([Container("a")])
+    preload.request(folder, [])  # c1.json, there before
+    wait_for(lambda: asked == ["a"], "the table already there was not asked for")
+    folder.rename(folder.with_name("elsewhere"))
+    preload.request(folder, ["c2.txt"])  # no table
+    preload.request(folder, ["c3.json"])
+    wait_for(lambda: len(asked) == 2, "a published table was not asked for")
+    preload.close()
+    assert asked == ["a", "a"]

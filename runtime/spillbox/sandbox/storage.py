@@ -249,18 +249,25 @@ class Staged:
     def publish(
         self, stem: str, extension: str, reserved: Callable[[str], bool] = lambda _: False
     ) -> StoredFile:
-        """Link the payload into offload/ as <stem>.<ext>, or <stem>-2.<ext>... if that stem
-        is taken, under any extension (the stem is the artifact id, whose catalog row a
-        second c1.txt beside c1.json would replace, leaving c1.json unrecorded), or reserved
-        (an id the catalog still knows: a tombstone's is never given again)."""
+        """Link the payload into offload/ as <stem>.<ext>, or <stem>-2.<ext>... if that name
+        exists or its stem is reserved.
+
+        A stem is taken under any extension: it is the artifact id, whose catalog row a
+        second c1.txt beside c1.json would replace, leaving c1.json unrecorded. reserved
+        must know the stems of the files published since this storage object first
+        published: an offload's is the catalog, which knows every id it gave (a
+        tombstone's too), and a write without one asks the folder's listing (write). The
+        files there before are listed once (found_stems): a crashed offload's file, which
+        has no row, is among them until gc removes it. The folder is not listed for each
+        payload: at 2,000 payloads a listing and its scan took over 1 ms of each offload."""
         storage = self.storage
         n = 1
         with storage.errors(f"payload {stem!r}"):
-            taken = {name.rsplit(".", 1)[0] for name in os.listdir(storage.offload)}
+            found = storage.found_stems()
             while True:
                 free = stem if n == 1 else f"{stem}-{n}"
                 n += 1
-                if free in taken or reserved(free):
+                if free in found or reserved(free):
                     continue
                 name = f"{free}.{extension}"
                 try:
@@ -268,6 +275,7 @@ class Staged:
                     break
                 except FileExistsError:
                     continue
+        storage.published.append(name)
         return StoredFile(name, storage.offload / name, self.sha256, self.bytes)
 
 
@@ -291,6 +299,9 @@ class TaskStorage:
         self.incoming = self.root / INCOMING_DIR
         self.open_lock = home / LOCKS_DIR / f"{self.name}{OPEN_LOCK_SUFFIX}"
         """Held shared by every harness that has the task open (see OpenHold)."""
+        self.published: list[str] = []
+        """The payload files published through this object since take_published."""
+        self._found: frozenset[str] | None = None
 
     def ensure(self) -> None:
         """Create the task's folders; the original task id is kept beside them."""
@@ -383,9 +394,23 @@ class TaskStorage:
                 os.close(fd)
 
     def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
-        """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if taken."""
+        """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if that stem is
+        taken under any extension."""
+        taken = {name.rsplit(".", 1)[0] for name in self.names()}
         with self.stage(data) as staged:
-            return staged.publish(stem, extension)
+            return staged.publish(stem, extension, reserved=taken.__contains__)
+
+    def found_stems(self) -> frozenset[str]:
+        """The stems of the payload files in the folder when this object first asked."""
+        if self._found is None:
+            self._found = frozenset(name.rsplit(".", 1)[0] for name in self.names())
+        return self._found
+
+    def take_published(self) -> list[str]:
+        """The payload files published through this object since the last call (what a
+        sandbox may load ahead of its first query)."""
+        published, self.published = self.published, []
+        return published
 
     @contextmanager
     def stage(
