@@ -78,7 +78,7 @@ class Admission:
                 self.catalog.log(self.task_id, None, "redact", d.result.tool, detail)
         # Start the sandbox only now, while the model reads this step: a container start
         # competing for the cores would slow this step's offloads several times over.
-        self.backend.warm(self.storage)
+        self.backend.warm(self.storage, self.storage.take_published())
         gated = iter(_admitted(d) for d in decisions)
         return [
             next(gated) if i not in refused else refused[i]

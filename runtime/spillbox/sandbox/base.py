@@ -8,7 +8,7 @@ chosen in one place (spillbox.sandbox.make_backend).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
@@ -46,8 +46,9 @@ class SandboxBackend(ABC):
     def create(self, storage: TaskStorage) -> None:
         """Prepare the task's storage; cheap, and the sandbox itself is not started yet."""
 
-    def warm(self, storage: TaskStorage) -> None:
-        """Start the task's sandbox in the background, so the first script need not wait."""
+    def warm(self, storage: TaskStorage, published: Sequence[str] = ()) -> None:
+        """Start the task's sandbox in the background, so the first script need not wait;
+        published: the payload files stored since the last warm (its tables may load)."""
         return None  # a backend without a sandbox has nothing to start
 
     @abstractmethod

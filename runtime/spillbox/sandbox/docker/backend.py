@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -128,7 +128,7 @@ class DockerBackend(SandboxBackend):
                 )
         return sandbox
 
-    def warm(self, storage: TaskStorage) -> None:
+    def warm(self, storage: TaskStorage, published: Sequence[str] = ()) -> None:
         """Start (or find) the task's container in the background, and have its SQL engine
         load the tables of payloads offloaded since (not under gVisor); idempotent."""
         sandbox = self.sandbox(storage)
@@ -136,7 +136,7 @@ class DockerBackend(SandboxBackend):
         # while a script ran died in 3 of 4 runs of test_file_commands' coreutils script:
         # there the tables load at their first query, as before the background load.
         if not self.options.gvisor:
-            sandbox.tables.request(storage.offload, storage.take_published())
+            sandbox.tables.request(storage.offload, published)
         # The start second: its thread's Docker calls, begun at once, would hold the GIL
         # while this thread waited in the preload thread's start (a task's first offload
         # took 2.2-2.7 ms against 1.5-1.8 in this order, benchmarks/sandbox_bench.py).

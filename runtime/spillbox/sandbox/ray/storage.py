@@ -34,6 +34,11 @@ class HostStorage(TaskStorage):
         self._warm = True
         """Whether a warm is worth a call: none went yet, or a payload came since the last."""
 
+    def take_published(self) -> list[str]:
+        """None to tell: the host's own storage tells its sandbox what came (to_warm says
+        when to ask it)."""
+        return []
+
     def to_warm(self) -> bool:
         """Whether the task's sandbox is to be warmed now (see RayBackend.warm); each True
         answer is given once, until the next payload staged or appended."""
