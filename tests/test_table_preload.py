@@ -152,3 +152,16 @@ def test_the_folder_is_listed_at_the_first_request_only(folder: Path) -> None:
     wait_for(lambda: len(asked) == 2, "a published table was not asked for")
     preload.close()
     assert asked == ["a", "a"]
+
+
+def test_a_caller_that_does_not_know_what_was_published_has_the_folder_listed(
+    folder: Path,
+) -> None:
+    """A cluster's host warms a task without the names its harnesses published."""
+    preload, asked, _ = preload_of([Container("a")])
+    preload.request(folder)
+    wait_for(lambda: asked == ["a"], "the table already there was not asked for")
+    (folder / "c2.json").write_text("[]")
+    preload.request(folder)
+    wait_for(lambda: len(asked) == 2, "the folder was not listed again")
+    preload.close()

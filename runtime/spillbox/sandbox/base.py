@@ -46,9 +46,10 @@ class SandboxBackend(ABC):
     def create(self, storage: TaskStorage) -> None:
         """Prepare the task's storage; cheap, and the sandbox itself is not started yet."""
 
-    def warm(self, storage: TaskStorage, published: Sequence[str] = ()) -> None:
+    def warm(self, storage: TaskStorage, published: Sequence[str] | None = None) -> None:
         """Start the task's sandbox in the background, so the first script need not wait;
-        published: the payload files stored since the last warm (its tables may load)."""
+        published: the payload files stored since the last warm, whose tables may load
+        (None: not known, as on a cluster's host: the backend looks)."""
         return None  # a backend without a sandbox has nothing to start
 
     @abstractmethod

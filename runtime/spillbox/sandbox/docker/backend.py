@@ -128,7 +128,7 @@ class DockerBackend(SandboxBackend):
                 )
         return sandbox
 
-    def warm(self, storage: TaskStorage, published: Sequence[str] = ()) -> None:
+    def warm(self, storage: TaskStorage, published: Sequence[str] | None = None) -> None:
         """Start (or find) the task's container in the background, and have its SQL engine
         load the tables of payloads offloaded since (not under gVisor); idempotent."""
         sandbox = self.sandbox(storage)

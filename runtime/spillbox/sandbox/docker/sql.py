@@ -127,13 +127,15 @@ class TablePreload:
         thread, which then holds the GIL), where waking a waiting one costs it nothing."""
         self._closed = False
 
-    def request(self, folder: Path, published: Collection[str]) -> None:
-        """Ask for a preload if folder (the task's payload files) holds a table the engine
-        was not asked to load yet: the files published since the last request, and at the
-        first request (payloads of an earlier process) the folder's. Asked after every step;
-        after the first, no listing: at 2,000 payloads one took ~1 ms of each offload."""
-        names: Collection[str] = published
-        if not self._listed:
+    def request(self, folder: Path, published: Collection[str] | None = None) -> None:
+        """Ask for a preload if a table came that the engine was not asked to load yet:
+        among published, the files stored since the last request; or among the files in
+        folder (the task's payloads) at the first request (an earlier process's) and
+        wherever published is None (a cluster's host, which links what its harnesses
+        publish). Asked after every step: a listing per step took ~1 ms of each offload at
+        2,000 payloads."""
+        names: Collection[str] | None = published
+        if names is None or not self._listed:
             try:
                 names = os.listdir(folder)
             except OSError:

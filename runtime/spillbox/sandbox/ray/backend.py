@@ -160,7 +160,7 @@ class RayBackend(SandboxBackend):
     def create(self, storage: TaskStorage) -> None:
         self._call(storage, "create")
 
-    def warm(self, storage: TaskStorage, published: Sequence[str] = ()) -> None:
+    def warm(self, storage: TaskStorage, published: Sequence[str] | None = None) -> None:
         """Start the sandbox on its host and preload its tables: asked once, then again
         only after a payload came (an admit whose results all stayed inline, such as a
         query's, would ask for nothing new, at the cost of a call). What the host released
