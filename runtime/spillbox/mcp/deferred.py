@@ -86,8 +86,8 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
             # Answers are routed by id: the later request would get the earlier's answer,
             # and the earlier none (the SDK's own path lets this happen).
             refused = self._create_error_response(
-                f"Conflict: a request with id {message.id!r} is in flight in this session; "
-                "give each request an id of its own",
+                "Conflict: a request with this id is in flight in this session; give each "
+                "request an id of its own",
                 HTTPStatus.CONFLICT,
             )
             await refused(scope, receive, send)
