@@ -106,6 +106,8 @@ def test_binary_notice_shows_hex_head_and_no_preview() -> None:
     assert fields["head_hex"] == png[:16].hex()
     assert "head" not in fields
     assert "hint" not in fields
+    # UTF-8 text that holds a NUL is binary too: the reason says both.
+    assert fields["reason"] == "binary (not text: not UTF-8, or holding a NUL)"
 
 
 def test_no_hints_means_no_hint_lines() -> None:

@@ -62,7 +62,7 @@ BINARY_HEAD_BYTES = 16
 _REASONS = {
     "per_call": "over the {per_call}",
     "aggregate": "the step was over the {aggregate}-token limit; largest offloaded first",
-    "binary": "not UTF-8 text",
+    "binary": "not text: not UTF-8, or holding a NUL",
     "compaction": "an older tool result moved out of the conversation history",
     "output": "a file a script left in /sandbox/outputs",
 }
