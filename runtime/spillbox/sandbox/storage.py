@@ -215,6 +215,11 @@ def _open_lock(storage: TaskStorage) -> int:
         ) from e
 
 
+def _stems(names: list[str]) -> frozenset[str]:
+    """The artifact ids of payload file names (c1.json -> c1)."""
+    return frozenset(name.rsplit(".", 1)[0] for name in names)
+
+
 def _write(fd: int, data: bytes) -> None:
     """Write data to fd (closing it, mode 0644)."""
     with os.fdopen(fd, "wb") as out:
@@ -396,14 +401,14 @@ class TaskStorage:
     def write(self, stem: str, extension: str, data: bytes) -> StoredFile:
         """Write data under offload/<stem>.<ext>, or <stem>-2.<ext>... if that stem is
         taken under any extension."""
-        taken = {name.rsplit(".", 1)[0] for name in self.names()}
+        taken = _stems(self.names())
         with self.stage(data) as staged:
             return staged.publish(stem, extension, reserved=taken.__contains__)
 
     def found_stems(self) -> frozenset[str]:
         """The stems of the payload files in the folder when this object first asked."""
         if self._found is None:
-            self._found = frozenset(name.rsplit(".", 1)[0] for name in self.names())
+            self._found = _stems(self.names())
         return self._found
 
     def take_published(self) -> list[str]:
