@@ -137,9 +137,6 @@ class DockerBackend(SandboxBackend):
         # there the tables load at their first query, as before the background load.
         if not self.options.gvisor:
             sandbox.tables.request(storage.offload, published)
-        # The start second: its thread's Docker calls, begun at once, would hold the GIL
-        # while this thread waited in the preload thread's start (a task's first offload
-        # took 2.2-2.7 ms against 1.5-1.8 in this order, benchmarks/sandbox_bench.py).
         sandbox.warm()
 
     def container(self, storage: TaskStorage) -> Any:

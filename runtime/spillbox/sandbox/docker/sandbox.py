@@ -39,6 +39,7 @@ from spillbox.sandbox.docker.state import stopped_under
 from spillbox.sandbox.docker.stream import GaveUp, SandboxDied
 from spillbox.sandbox.docker.takeout import take_outputs
 from spillbox.sandbox.docker_errors import DOCKER_FAILURES, best_effort, docker_errors
+from spillbox.spawn import Spawned, spawn
 from spillbox.types import ExecRequest, RawExec
 
 PREPARE_AFTER_SECONDS = 1.0
@@ -79,7 +80,7 @@ class TaskSandbox:
         """Finds, starts or creates the task's running container (the backend's job)."""
         self._max_output_bytes = max_output_bytes
         self._lock = threading.Lock()
-        self._starting: threading.Thread | None = None
+        self._starting: Spawned | None = None
         self._preparing: threading.Thread | None = None
         self._start_error: BaseException | None = None
         self._first_exec_started = threading.Event()
@@ -104,25 +105,15 @@ class TaskSandbox:
     def _opener(self, kind: type[C]) -> Callable[[Any], C]:
         return lambda container: kind(self.client, container)
 
-    def warm(self) -> threading.Thread | None:
+    def warm(self) -> Spawned | None:
         """Start (or find) the container in the background, once; the thread doing it (None:
         a warm pool slot's container, adopted running)."""
         with self._lock:
-            if self._starting is not None or self._adopted:
-                return self._starting
-            thread = self._starting = threading.Thread(
-                target=self._start_in_background, daemon=True
-            )
-            # Started under the lock: a second caller must never get a thread it cannot join
-            # yet (two first execs at once raised "cannot join thread before it is started").
-            thread.start()
-        return thread
+            if self._starting is None and not self._adopted:
+                self._starting = spawn(self._start_in_background, "spillbox-start")
+            return self._starting
 
     def _start_in_background(self) -> None:
-        # Thread.start() in warm() returns once this thread runs, but its caller then needs
-        # the GIL, which the Docker SDK's Python work below would hold for about a
-        # millisecond: yield it first, so the step that set the start going is not billed.
-        time.sleep(0)
         try:
             container = self.container()
         except BaseException as e:  # re-raised by the first exec that needs the container

@@ -23,6 +23,7 @@ from spillbox.sandbox.docker.scripts import NeverStarted
 from spillbox.sandbox.docker.state import memory_ran_out, settled_state
 from spillbox.sandbox.docker.stream import GaveUp, SandboxDied
 from spillbox.sandbox.docker_errors import DOCKER_FAILURES
+from spillbox.spawn import Spawned, spawn
 from spillbox.types import RawExec
 
 QUERY_ATTEMPTS = 2
@@ -121,10 +122,11 @@ class TablePreload:
         self._listed = False
         """Whether the folder was listed once (what the first request asks about)."""
         self._wanted = False
-        self._thread: threading.Thread | None = None
+        self._thread: Spawned | None = None
         """Started by the first request and kept, waiting for the next: a thread started
         per offload cost the step that asked about 0.5 ms (Thread.start waits for the new
-        thread, which then holds the GIL), where waking a waiting one costs it nothing."""
+        thread, which then holds the GIL), where waking a waiting one costs it nothing;
+        the first is spawned (spillbox.spawn), not started by the step."""
         self._closed = False
 
     def request(self, folder: Path, published: Collection[str] | None = None) -> None:
@@ -150,10 +152,7 @@ class TablePreload:
             if self._thread is not None:
                 self._changed.notify()  # the kept thread asks once more
                 return
-            thread = self._thread = threading.Thread(
-                target=self._run, name="spillbox-preload", daemon=True
-            )
-            thread.start()
+            self._thread = spawn(self._run, "spillbox-preload")
 
     def close(self) -> None:
         """Ask for no more preloads; wait for the one being asked for."""
