@@ -24,7 +24,7 @@ from spillbox import codemode, gc, metrics
 from spillbox.access import Access, TaskParts
 from spillbox.admission import Admission, not_text
 from spillbox.catalog import Catalog
-from spillbox.catalog.calls import next_call_id
+from spillbox.catalog.calls import CallIds
 from spillbox.config import Policy, SandboxKind, Settings
 from spillbox.errors import ConfigError, RetentionError
 from spillbox.langs import Lang
@@ -297,6 +297,7 @@ class Task(_ClosedOnExit):
         evict = functools.partial(harness.delete_artifact, by="quota")
         self._admission = Admission(parts, harness.policy, harness.counter, evict)
         self._access = Access(parts)
+        self._call_ids = CallIds(catalog, task_id)
         self._hold: weakref.finalize[..., Any] | None = None
         """Lets go of this object's share of the task's open hold (when closed or dropped)."""
         if open_task:
@@ -318,11 +319,16 @@ class Task(_ClosedOnExit):
 
     def next_call_id(self, tool: str) -> str:
         """An id for a call of tool that no process on this task gives out again (what an
-        MCP proxy names the calls it gates with: git_log_1, git_log_2, ...). A name no
-        catalog can hold is counted escaped: admit() refuses its result by the name."""
-        if not_text(tool) is not None:
-            tool = tool.encode("unicode_escape").decode("ascii")
-        return next_call_id(self.harness.catalog, self.id, tool)
+        MCP proxy names the calls it gates with: git_log_1, git_log_2, ...), reserved from
+        the catalog in blocks (a catalog write if this task's block for tool is used up).
+        A name no catalog can hold is counted escaped: admit() refuses its result by the
+        name."""
+        return self._call_ids.next(_countable(tool))
+
+    def reserved_call_id(self, tool: str) -> str | None:
+        """next_call_id's answer where it needs no catalog access (one reserved already);
+        None where it would."""
+        return self._call_ids.ready(_countable(tool))
 
     def admit(self, results: Sequence[ToolResult], remaining: int | None = None) -> list[Admitted]:
         """Gate one step's results (parallel calls count as one aggregate).
@@ -465,3 +471,9 @@ class Task(_ClosedOnExit):
                 self.harness.backend.stop_sandbox(self.storage)
                 deadline = close_deadline(self.retention, time.time())
                 self.harness.catalog.close_task(self.id, deadline)
+
+
+def _countable(tool: str) -> str:
+    """tool as call ids count it: escaped where no catalog can hold it (a NUL, a lone
+    surrogate)."""
+    return tool if not_text(tool) is None else tool.encode("unicode_escape").decode("ascii")

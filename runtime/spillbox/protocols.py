@@ -71,6 +71,8 @@ class TaskHandle(Protocol):
 
     def next_call_id(self, tool: str) -> str: ...
 
+    def reserved_call_id(self, tool: str) -> str | None: ...
+
 
 class ClosableTask(TaskHandle, Protocol):
     """A task its opener ends: close() applies its retention."""

@@ -180,3 +180,26 @@ async def test_a_request_whose_id_is_in_flight_is_refused_and_the_first_is_answe
     assert "in flight" in answers["again"].json()["error"]["message"]
     assert answers["held"].json()["result"]["content"][0]["text"] == "held"
     assert later.json()["result"]["content"][0]["text"] == "reused"  # once answered, free
+
+
+@pytest.mark.parametrize("bad_id", [{"a": 1}, [1], True, 1.5, None], ids=repr)
+async def test_a_request_whose_id_is_no_string_or_integer_gets_invalid_request(
+    bad_id: object,
+) -> None:
+    """The SDK takes such a request for a notification: 202, nothing run, no answer ever
+    (a client waits forever). JSON-RPC asks for Invalid Request; the session goes on."""
+    ran: list[str] = []
+
+    async def counted(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        ran.append(params.name)
+        return await call_tool(ctx, params)
+
+    async with in_process(counted) as (client, url, headers):
+        refused = await client.post(url, json={**call(1, "bad", {}), "id": bad_id}, headers=headers)
+        fine = await client.post(url, json=call(2, "fine", {}), headers=headers)
+    assert refused.status_code == 400
+    error = refused.json()
+    assert error["id"] is None and error["error"]["code"] == types.INVALID_REQUEST
+    assert "id must be a string or an integer" in error["error"]["message"]
+    assert fine.json()["result"]["content"][0]["text"] == "fine"
+    assert ran == ["fine"]

@@ -30,6 +30,18 @@ print(json.dumps([next_call_id(catalog, "shared", "git_log") for _ in range(int(
 catalog.close()
 """
 
+BLOCK_NUMBERER = """
+import json, sys
+from pathlib import Path
+from spillbox.catalog import Catalog
+from spillbox.catalog.calls import CallIds
+
+catalog = Catalog(Path(sys.argv[1]), url=sys.argv[2] or None)
+ids = CallIds(catalog, "shared")
+print(json.dumps([ids.next("git_log") for _ in range(int(sys.argv[3]))]))
+catalog.close()
+"""
+
 
 def test_processes_numbering_one_tasks_calls_at_once_get_each_number_once(
     home: Path, catalog_url: str | None
@@ -48,6 +60,50 @@ def test_processes_numbering_one_tasks_calls_at_once_get_each_number_once(
     assert sorted(every) == sorted(f"git_log_{n}" for n in range(1, 161))
     for ids in given:  # each process's own in the order it got them
         assert ids == sorted(ids, key=lambda call_id: int(call_id.rsplit("_", 1)[1]))
+
+
+def test_processes_numbering_in_blocks_at_once_never_give_an_id_twice(
+    home: Path, catalog_url: str | None
+) -> None:
+    """Each process reserves 1, 2, 4, ... numbers at a time: no id is given twice, each
+    process's come in order, and what is skipped is only what a process reserved and did
+    not use (its last block's rest)."""
+    Catalog(home, url=catalog_url).close()
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", BLOCK_NUMBERER, str(home), catalog_url or "", "40"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    given = [json.loads(worker.communicate(timeout=300)[0]) for worker in workers]
+    every = [int(call_id.rsplit("_", 1)[1]) for ids in given for call_id in ids]
+    assert len(every) == len(set(every)) == 160
+    for ids in given:
+        numbers = [int(call_id.rsplit("_", 1)[1]) for call_id in ids]
+        assert numbers == sorted(numbers)
+    # Blocks of 1, 2, 4, 8, 16, 16 give 40 calls 47 numbers: 7 unused a process at most.
+    assert max(every) <= 4 * 47
+
+
+def test_a_task_numbers_most_calls_without_a_catalog_write(home: Path) -> None:
+    """One process's ids for a tool are dense (git_log_1, git_log_2, ...); the catalog's
+    counter moves in blocks, so a second Task on the same task continues after the first's
+    block, and the first's next block comes after the second's."""
+    with Harness(sandbox="none", home=home) as harness:
+        first, second = harness.task("shared"), harness.task("shared")
+        assert first.reserved_call_id("git_log") is None  # nothing reserved yet
+        ids = [first.next_call_id("git_log") for _ in range(20)]
+        assert ids == [f"git_log_{n}" for n in range(1, 21)]
+        [row] = harness.catalog.db.rows("call numbers", "SELECT last FROM call_numbers")
+        assert row["last"] == 31  # blocks of 1, 2, 4, 8, 16: five writes for twenty calls
+        assert [first.reserved_call_id("git_log") for _ in range(11)] == [
+            f"git_log_{n}" for n in range(21, 32)
+        ]
+        assert first.reserved_call_id("git_log") is None  # the block is used up
+        assert second.next_call_id("git_log") == "git_log_32"
+        assert first.next_call_id("git_log") == "git_log_33"
 
 
 def test_a_number_a_stored_result_already_has_is_passed_over(home: Path) -> None:

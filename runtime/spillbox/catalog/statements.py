@@ -231,11 +231,12 @@ call_id_used = (
 
 
 def numbered_call(dialect: str) -> Insert:
-    """INSERT a task's first number for a tool, or add one to the last: the number either
-    way (RETURNING, on SQLite as on Postgres)."""
+    """INSERT a task's first numbers for a tool (1 to :last), or add :last to the last: the
+    last number reserved either way (RETURNING, on SQLite as on Postgres)."""
     statement: Any = _insert(dialect, call_numbers)
     numbered: Insert = statement.on_conflict_do_update(
-        index_elements=["task_id", "tool"], set_={"last": call_numbers.c.last + 1}
+        index_elements=["task_id", "tool"],
+        set_={"last": call_numbers.c.last + statement.excluded.last},
     ).returning(call_numbers.c.last)
     return numbered
 

@@ -36,6 +36,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
+    INVALID_REQUEST,
     JSONRPCError,
     JSONRPCRequest,
     JSONRPCResponse,
@@ -64,10 +65,11 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
     async def _handle_post_request(
         self, scope: Scope, request: Request, receive: Receive, send: Send
     ) -> None:
-        message = await _request_in(request)
+        body = await _json_in(request)
+        message = _request_in(body)
         writer = self._read_stream_writer
         if (
-            message is None
+            (message is None and not _id_refused(body))
             or writer is None
             or self._event_store is not None
             or self.is_json_response_enabled
@@ -80,6 +82,15 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
             await super()._handle_post_request(scope, request, receive, send)
             return
         if not await self._validate_request_headers(request, send):
+            return
+        if message is None:
+            # The SDK takes it for a notification (202, and nothing runs or answers).
+            refused = self._create_error_response(
+                "Invalid Request: a request's id must be a string or an integer",
+                HTTPStatus.BAD_REQUEST,
+                INVALID_REQUEST,
+            )
+            await refused(scope, receive, send)
             return
         request_id = str(message.id)
         if request_id in self._request_streams:
@@ -153,19 +164,34 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
             await sse_reader.aclose()
 
 
-async def _request_in(request: Request) -> JSONRPCRequest | None:
-    """The JSON-RPC request a POST's body holds, but an initialize; None for anything
-    else (the SDK's path answers those, and says what is wrong with a bad one). The body
-    is read once: starlette keeps it for the SDK's path."""
+async def _json_in(request: Request) -> object:
+    """A POST's body as JSON (None if it is not JSON). The body is read once: starlette
+    keeps it for the SDK's path."""
     try:
-        message = messages.validate_python(
-            pydantic_core.from_json(await request.body()), by_name=False
-        )
-    except (ValueError, ValidationError):
+        return pydantic_core.from_json(await request.body())
+    except ValueError:
+        return None
+
+
+def _request_in(body: object) -> JSONRPCRequest | None:
+    """The JSON-RPC request body holds, but an initialize; None for anything else (the
+    SDK's path answers those, and says what is wrong with a bad one)."""
+    try:
+        message = messages.validate_python(body, by_name=False)
+    except ValidationError:
         return None
     if isinstance(message, JSONRPCRequest) and message.method != "initialize":
         return message
     return None
+
+
+def _id_refused(body: object) -> bool:
+    """Whether body is a request but for its id: an object, array, float, boolean or null
+    (JSON-RPC and MCP allow a string or an integer)."""
+    if not (isinstance(body, dict) and "method" in body and "id" in body):
+        return False
+    given = body["id"]
+    return isinstance(given, bool) or not isinstance(given, str | int)
 
 
 class _Prepended:

@@ -206,9 +206,11 @@ class Proxy:
         async def run() -> ToolResult:
             nonlocal original, from_server
             # Numbered by the catalog (another proxy, or `mcp serve`, on this task never
-            # gives a result the same name), in a thread while the call runs: the
-            # catalog's write is not on the call's path.
-            numbered: list[str] = []
+            # gives a result the same name) from a block this task reserved; where a new
+            # block is needed, in a thread while the call runs: the catalog's write is not
+            # on the call's path.
+            ready = self.task.reserved_call_id(name)
+            numbered: list[str] = [] if ready is None else [ready]
 
             async def number() -> None:
                 numbered.append(await anyio.to_thread.run_sync(self.task.next_call_id, name))
@@ -216,7 +218,8 @@ class Proxy:
             output = None
             try:
                 async with anyio.create_task_group() as numbering:
-                    numbering.start_soon(number)
+                    if not numbered:
+                        numbering.start_soon(number)
                     if name in self.local.names:
                         output = await self.local.call(name, params.arguments)
                     else:
