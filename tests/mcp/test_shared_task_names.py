@@ -46,16 +46,7 @@ catalog.close()
 def test_processes_numbering_one_tasks_calls_at_once_get_each_number_once(
     home: Path, catalog_url: str | None
 ) -> None:
-    Catalog(home, url=catalog_url).close()  # migrated once, before the race
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", NUMBERER, str(home), catalog_url or "", "40"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    given = [json.loads(worker.communicate(timeout=300)[0]) for worker in workers]
+    given = numbered_at_once(NUMBERER, home, catalog_url)
     every = [call_id for ids in given for call_id in ids]
     assert sorted(every) == sorted(f"git_log_{n}" for n in range(1, 161))
     for ids in given:  # each process's own in the order it got them
@@ -68,16 +59,7 @@ def test_processes_numbering_in_blocks_at_once_never_give_an_id_twice(
     """Each process reserves 1, 2, 4, ... numbers at a time: no id is given twice, each
     process's come in order, and what is skipped is only what a process reserved and did
     not use (its last block's rest)."""
-    Catalog(home, url=catalog_url).close()
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", BLOCK_NUMBERER, str(home), catalog_url or "", "40"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    given = [json.loads(worker.communicate(timeout=300)[0]) for worker in workers]
+    given = numbered_at_once(BLOCK_NUMBERER, home, catalog_url)
     every = [int(call_id.rsplit("_", 1)[1]) for ids in given for call_id in ids]
     assert len(every) == len(set(every)) == 160
     for ids in given:
@@ -85,6 +67,20 @@ def test_processes_numbering_in_blocks_at_once_never_give_an_id_twice(
         assert numbers == sorted(numbers)
     # Blocks of 1, 2, 4, 8, 16, 16 give 40 calls 47 numbers: 7 unused a process at most.
     assert max(every) <= 4 * 47
+
+
+def numbered_at_once(script: str, home: Path, catalog_url: str | None) -> list[list[str]]:
+    """The ids each of four processes running script got, asking for 40 each at once."""
+    Catalog(home, url=catalog_url).close()  # migrated once, before the race
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(home), catalog_url or "", "40"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    return [json.loads(worker.communicate(timeout=300)[0]) for worker in workers]
 
 
 def test_a_task_numbers_most_calls_without_a_catalog_write(home: Path) -> None:

@@ -36,7 +36,6 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
-    INVALID_REQUEST,
     JSONRPCError,
     JSONRPCRequest,
     JSONRPCResponse,
@@ -83,26 +82,26 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
             return
         if not await self._validate_request_headers(request, send):
             return
+        refusal: tuple[str, HTTPStatus] | None = None
         if message is None:
             # The SDK takes it for a notification (202, and nothing runs or answers).
-            refused = self._create_error_response(
+            refusal = (
                 "Invalid Request: a request's id must be a string or an integer",
                 HTTPStatus.BAD_REQUEST,
-                INVALID_REQUEST,
             )
-            await refused(scope, receive, send)
-            return
-        request_id = str(message.id)
-        if request_id in self._request_streams:
+        elif str(message.id) in self._request_streams:
             # Answers are routed by id: the later request would get the earlier's answer,
             # and the earlier none (the SDK's own path lets this happen).
-            refused = self._create_error_response(
+            refusal = (
                 "Conflict: a request with this id is in flight in this session; give each "
                 "request an id of its own",
                 HTTPStatus.CONFLICT,
             )
-            await refused(scope, receive, send)
+        if refusal is not None:
+            await self._create_error_response(*refusal)(scope, receive, send)
             return
+        assert message is not None
+        request_id = str(message.id)
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
         inbox, events = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         self._request_streams[request_id] = (inbox, events)
