@@ -290,3 +290,42 @@ def test_a_taken_name_is_published_under_the_next_free_one(
         assert task.read(rows["c1-3"]) == payloads[2].encode()
         offload = cluster.homes[_placement(harness, "taken").host] / "tasks" / "taken" / "offload"
         _until(lambda: sorted(p.name for p in offload.iterdir()) == ["c1-3.txt", "c1.txt"])
+
+
+def test_a_harness_learns_a_hosts_stems_once_and_never_gives_one_twice(
+    harness: Harness, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host lists the task's folder at a harness's first payload only (a listing per
+    payload grew each offload with the task); after it the harness withholds a want it
+    knows taken. A file a crashed offload left with no row (c5.csv, there before) keeps
+    its stem; a call id again gets the next free one (the catalog knows it)."""
+    from spillbox.sandbox.ray.link import HostLink
+
+    staged: list[tuple[Any, ...]] = []
+    ask = HostLink.ask
+
+    def recorded(link: HostLink, method: str, *args: Any) -> Any:
+        if method == "stage":
+            staged.append((args[2], args[3]))  # want, and whether the stems are asked
+        return ask(link, method, *args)
+
+    rows = json.dumps([{"id": i, "pad": "victim " * 30} for i in range(400)])
+    with harness.task("stems") as task:
+        offload = cluster.homes[_placement(harness, "stems").host] / "tasks" / "stems" / "offload"
+        offload.mkdir(parents=True, exist_ok=True)
+        (offload / "c5.csv").write_bytes(b"a\n1\n")
+        monkeypatch.setattr(HostLink, "ask", recorded)
+        results = [
+            ToolResult("c1", "t", rows),
+            ToolResult("c1", "t", "plain words " * 3000),
+            ToolResult("c5", "t", rows.replace("victim", "c5")),
+            ToolResult("c6", "t", rows.replace("victim", "c6")),
+        ]
+        admitted = [task.admit([result])[0] for result in results]
+        names = [a.artifact.name for a in admitted if a.artifact is not None]
+        assert names == ["c1.json", "c1-2.txt", "c5-2.json", "c6.json"]
+        assert [row.artifact_id for row in task.artifacts()] == ["c1", "c1-2", "c5-2", "c6"]
+    assert [asked for _, asked in staged] == [True, False, False, False]
+    # c1's JSON, then c1 again (unknown to the harness's listing: the catalog says no),
+    # then c5 (in the listing: withheld), then c6 (free: linked ahead).
+    assert [want for want, _ in staged] == [("c1", "json"), ("c1", "txt"), None, ("c6", "json")]

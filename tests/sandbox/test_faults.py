@@ -370,15 +370,25 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.fixture
+def collected_after() -> Iterator[None]:
+    """A garbage collection at the end of the test's teardown (after the fixtures asked
+    for after this one), while the test's own warning filters still hold."""
+    yield
+    gc.collect()
+
+
 # It restarts the engine every other test uses: `make test` runs it alone, after the rest.
 # The restart breaks every open connection to the engine; a socket of one of them, never
 # closed, is found by the garbage collector at a moment that varies from run to run (the
-# test failed on it at some commits of stop 30 and passed at others): that is not what
-# this test checks, so its unraisable-exception warning is not an error here.
+# test failed on it at some commits of stop 30 and passed at others; at stop 41 once in
+# four runs, collected in pytest's terminal summary, where no test's filter holds): that
+# is not what this test checks, so its unraisable-exception warning is not an error here,
+# and the collection is made to come within the test (collected_after).
 @pytest.mark.serial
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_daemon_restart_during_a_task_leaves_payloads_intact(
-    harness: Harness, docker_client: Any
+    collected_after: None, harness: Harness, docker_client: Any
 ) -> None:
     if os.geteuid() != 0:
         skip_unless_ci("restarting dockerd needs root (CI runs as root)")

@@ -200,19 +200,21 @@ class SpillboxHost:
         return self._keep(held)
 
     def stage(
-        self, task_id: str, data: bytes, want: tuple[str, str] | None = None
-    ) -> tuple[str, str, str, int, list[str], str | None]:
+        self, task_id: str, data: bytes, want: tuple[str, str] | None = None, stems: bool = True
+    ) -> tuple[str, str, str, int, list[str] | None, str | None]:
         """Write a payload into the task's incoming/ (see TaskStorage.stage): its token,
-        temp file, digest and size, the artifact ids its offload folder holds, and the
-        name it was linked under ahead (want's stem and extension, if free; None if not):
-        publishing it then costs the harness no call; end() unlinks it unless kept."""
+        temp file, digest and size, the artifact ids its offload folder holds (if stems:
+        a harness asks once, at its first payload, and then sends a want only where it
+        knows the stem free), and the name it was linked under ahead (want's stem and
+        extension, if free; None if not): publishing it then costs the harness no call;
+        end() unlinks it unless kept."""
         storage = self.backend.storage(task_id)
         held = storage.stage(data)
         staged = held.__enter__()
-        taken = [name.rsplit(".", 1)[0] for name in storage.names()]
+        taken = sorted(storage.found_stems()) if stems else None
         token = self._keep(held)
         ahead = None
-        if want is not None and want[0] not in taken:
+        if want is not None and (taken is None or want[0] not in taken):
             name = f"{want[0]}.{want[1]}"
             if self.link(task_id, staged.temp, name) is not None:
                 ahead = name

@@ -33,6 +33,9 @@ class HostStorage(TaskStorage):
         self.offload = Path(offload or "/nonexistent")
         self._warm = True
         """Whether a warm is worth a call: none went yet, or a payload came since the last."""
+        self._found: frozenset[str] | None = None
+        """The stems in the task's offload folder when the host first staged for this
+        object (as TaskStorage.found_stems: names given since are the catalog's to tell)."""
 
     def take_published(self) -> list[str]:
         """None to tell: the host's own storage tells its sandbox what came (to_warm says
@@ -92,7 +95,12 @@ class HostStorage(TaskStorage):
         assert link is not None, "a task placed nowhere has no storage to call"
         self._warm = True
         digest = Digest.of(data, digest)
-        asked = _Asked(link, link.ask("stage", self.task_id, data, want), data, digest)
+        found = self._found
+        if found is not None and want is not None and want[0] in found:
+            want = None  # not free: the host need not try it
+        asked = _Asked(
+            link, link.ask("stage", self.task_id, data, want, found is None), data, digest, self
+        )
         staged = _HostStaged(self, "", asked.sha256, len(data), asked=asked)
         try:
             yield staged
@@ -137,8 +145,11 @@ def _kept(staged: _HostStaged) -> str | None:
 class _Asked:
     """The host's answer to one stage(), taken once, when first needed."""
 
-    def __init__(self, link: HostLink, asked: Any, data: bytes, digest: Digest) -> None:
+    def __init__(
+        self, link: HostLink, asked: Any, data: bytes, digest: Digest, storage: HostStorage
+    ) -> None:
         self._link = link
+        self._storage = storage
         self._asked: Any = asked
         self._size = len(data)
         self.sha256 = digest.hexdigest()
@@ -158,7 +169,10 @@ class _Asked:
                 self._error = e
                 raise
             self._link.kept(token)
-            self.token, self.temp, self.taken, self.ahead = token, temp, frozenset(taken), ahead
+            if taken is not None:
+                self._storage._found = frozenset(taken)
+            self.token, self.temp, self.ahead = token, temp, ahead
+            self.taken = self._storage._found or frozenset()
             if (sha256, size) != (self.sha256, self._size):
                 self._error = StorageError(
                     f"the payload staged on host {self._link.host!r} is not the one sent "
