@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
+
 from spillbox import spawn as spawning
 from spillbox.spawn import Spawned, spawn
 
@@ -41,7 +43,7 @@ def test_threads_run_in_order_of_asking_and_each_once() -> None:
     assert sorted(ran) == list(range(50))
 
 
-def test_a_thread_that_cannot_start_is_joined_as_over(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_thread_that_cannot_start_is_joined_as_over(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
 
