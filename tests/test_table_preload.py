@@ -59,6 +59,12 @@ def preload_of(container: list[Container | None]) -> tuple[TablePreload, list[st
     return TablePreload(engines, lambda: container[0]), asked, hold
 
 
+def preloads() -> int:
+    """The preload threads alive (the process's spawner thread, started by the first
+    preload of the process, is not one)."""
+    return sum(thread.name == "spillbox-preload" for thread in threading.enumerate())
+
+
 def wait_for(what: Any, why: str) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
     while not what():
@@ -68,22 +74,22 @@ def wait_for(what: Any, why: str) -> None:
 
 def test_one_thread_serves_every_request_and_stops_when_closed(folder: Path) -> None:
     preload, asked, _ = preload_of([Container("a")])
-    before = threading.active_count()
+    before = preloads()
     preload.request(folder, [])
     wait_for(lambda: asked == ["a"], "the first request was not asked")
-    assert threading.active_count() == before + 1  # kept, waiting for the next
+    assert preloads() == before + 1  # kept, waiting for the next
     for n in range(2, 5):
         (folder / f"c{n}.json").write_text("[]")
         preload.request(folder, [f"c{n}.json"])
         wait_for(lambda n=n: len(asked) == n, f"request {n} was not asked")
-        assert threading.active_count() == before + 1  # the same thread, woken
+        assert preloads() == before + 1  # the same thread, woken
     preload.request(folder, [])  # nothing new: nothing asked
     preload.close()
-    assert threading.active_count() == before
+    assert preloads() == before
     assert asked == ["a"] * 4
     (folder / "c9.json").write_text("[]")
     preload.request(folder, ["c9.json"])  # closed: never asked again
-    assert asked == ["a"] * 4 and threading.active_count() == before
+    assert asked == ["a"] * 4 and preloads() == before
 
 
 def test_tables_offloaded_while_it_asks_are_asked_for_after(folder: Path) -> None:
@@ -116,25 +122,25 @@ def test_each_request_takes_the_container_running_then(folder: Path) -> None:
 def test_a_failed_start_ends_the_thread_and_the_next_request_starts_one(folder: Path) -> None:
     running: list[Container | None] = [None]
     preload, asked, _ = preload_of(running)
-    before = threading.active_count()
+    before = preloads()
     preload.request(folder, [])
-    wait_for(lambda: threading.active_count() == before, "the thread outlived a failed start")
+    wait_for(lambda: preloads() == before, "the thread outlived a failed start")
     assert asked == []
     running[0] = Container("a")
     (folder / "c2.json").write_text("[]")
     preload.request(folder, ["c2.json"])
     wait_for(lambda: asked == ["a"], "no thread asked after the failed start")
     preload.close()
-    assert threading.active_count() == before
+    assert preloads() == before
 
 
 def test_no_table_no_thread(tmp_path: Path) -> None:
     preload, asked, _ = preload_of([Container("a")])
-    before = threading.active_count()
+    before = preloads()
     (tmp_path / "c1.txt").write_text("text")
     preload.request(tmp_path, [])
     preload.request(tmp_path / "missing", [])
-    assert threading.active_count() == before
+    assert preloads() == before
     preload.close()
     assert asked == []
 
