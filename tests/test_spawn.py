@@ -29,7 +29,7 @@ def test_a_join_asked_before_the_thread_started_waits_for_it_to_start_and_end() 
     assert joined.is_set() and ran == ["ran"]
 
 
-def test_threads_run_in_order_of_asking_and_each_once() -> None:
+def test_every_thread_asked_for_runs_once() -> None:
     ran: list[int] = []
     lock = threading.Lock()
 

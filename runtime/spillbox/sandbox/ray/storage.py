@@ -37,6 +37,10 @@ class HostStorage(TaskStorage):
         """The stems in the task's offload folder when the host first staged for this
         object (as TaskStorage.found_stems: names given since are the catalog's to tell)."""
 
+    def found_stems(self) -> frozenset[str]:
+        """The stems the host listed at this object's first payload (none before it)."""
+        return self._found or frozenset()
+
     def take_published(self) -> list[str]:
         """None to tell: the host's own storage tells its sandbox what came (to_warm says
         when to ask it)."""
@@ -156,7 +160,6 @@ class _Asked:
         self._error: BaseException | None = None
         self.token = ""
         self.temp = ""
-        self.taken: frozenset[str] = frozenset()
         self.ahead: str | None = None
 
     def wait(self) -> None:
@@ -169,10 +172,9 @@ class _Asked:
                 self._error = e
                 raise
             self._link.kept(token)
-            if taken is not None:
+            if taken is not None:  # asked for at this storage object's first payload
                 self._storage._found = frozenset(taken)
             self.token, self.temp, self.ahead = token, temp, ahead
-            self.taken = self._storage._found or frozenset()
             if (sha256, size) != (self.sha256, self._size):
                 self._error = StorageError(
                     f"the payload staged on host {self._link.host!r} is not the one sent "
@@ -209,8 +211,8 @@ class _HostStaged(Staged):
     """A payload staged on the host; publish() links it there, under a free name."""
 
     asked: _Asked | None = None
-    """The host's answer: its temp file, the stems its offload folder holds, and the name
-    it linked the payload under ahead, if it could."""
+    """The host's answer: its temp file and the name it linked the payload under ahead,
+    if it could (the stems its folder held go to the storage's found_stems)."""
     published: list[str] = field(default_factory=list)
     """What publish() gave out without a call (the name linked ahead)."""
 
@@ -226,11 +228,12 @@ class _HostStaged(Staged):
             self.published.append(wanted)
             return StoredFile(wanted, storage.offload / wanted, self.sha256, self.bytes)
         ahead_stem = None if asked.ahead is None else asked.ahead.rsplit(".", 1)[0]
+        taken = storage.found_stems()
         n = 1
         while True:
             free = stem if n == 1 else f"{stem}-{n}"
             n += 1
-            if free in asked.taken or free == ahead_stem:
+            if free in taken or free == ahead_stem:
                 continue
             if stem_reserved if free == stem else reserved(free):
                 continue
