@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_client import BIN, INITIALIZE, connect, git_server, proxy_params, text_of
 
 from spillbox import Harness, ToolResult, parse_notice
+from spillbox.mcp import ids
 from spillbox.tools import Toolset
 
 pytestmark = pytest.mark.anyio
@@ -35,9 +37,29 @@ async def test_serve_reads_what_a_proxy_of_the_same_task_stored(git_repo: Path, 
     assert json.loads(text_of(page))["text"].startswith("Commit history:")
 
 
+BAD_IDS = ({"a": 1}, [1], 1.5, 2.0, True, None)
+"""Ids JSON-RPC does not allow, which the SDK takes for a notification's (no answer)."""
+
+
 def test_malformed_lines_get_json_rpc_errors(git_repo: Path, home: Path) -> None:
     unknown = {"jsonrpc": "2.0", "id": 2, "method": "no/such/method"}
-    lines = ["this is not json", '{"hello": "world"}', json.dumps(INITIALIZE), json.dumps(unknown)]
+    bad_ids = [json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/list"}) for i in BAD_IDS]
+    # An id key in a tool's own arguments is the tool's business, not the request's.
+    nested = {
+        "jsonrpc": "2.0",
+        "id": "n",
+        "method": "tools/call",
+        "params": {"name": "git_status", "arguments": {"repo_path": str(git_repo), "id": {}}},
+    }
+    lines = [
+        "this is not json",
+        '{"hello": "world"}',
+        json.dumps(INITIALIZE),
+        json.dumps(unknown),
+        *bad_ids,
+        '{"jsonrpc": "2.0", "id" : [], "method": "ping"}',
+        json.dumps(nested),
+    ]
     params = proxy_params(home, git_server(git_repo))
     with subprocess.Popen(
         [params.command, *params.args],
@@ -50,6 +72,8 @@ def test_malformed_lines_get_json_rpc_errors(git_repo: Path, home: Path) -> None
         for line in lines:  # one at a time: the reply, then the next line
             proxy.stdin.write(line + "\n")
             proxy.stdin.flush()
+            # A line left unanswered fails here, not by hanging the run.
+            assert select.select([proxy.stdout], [], [], 30)[0], f"no answer to {line[:80]}"
             replies.append(json.loads(proxy.stdout.readline()))
         proxy.stdin.close()
         assert proxy.wait(timeout=30) == 0
@@ -61,6 +85,13 @@ def test_malformed_lines_get_json_rpc_errors(git_repo: Path, home: Path) -> None
     assert replies[1]["id"] is None and replies[1]["error"]["code"] == -32600
     assert replies[2]["id"] == 1 and replies[2]["result"]["serverInfo"]["name"] == "mcp-git"
     assert replies[3]["id"] == 2 and replies[3]["error"]["code"] == -32601
+    refused = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": ids.REFUSAL},
+    }
+    assert replies[4:-1] == [refused] * (len(BAD_IDS) + 1)
+    assert replies[-1]["id"] == "n" and "result" in replies[-1]
 
 
 def test_hints_name_prefixed_tools_on_a_collision(home: Path) -> None:

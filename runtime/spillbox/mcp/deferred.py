@@ -46,6 +46,8 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from spillbox.mcp import ids
+
 DEFERRAL_SECONDS = 15.0
 """How long a request's answer may be held back, waiting to be sent as JSON, before its
 SSE stream is opened anyway (and pinged from then on, as the SDK's is): the SDK's own
@@ -68,7 +70,7 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
         message = _request_in(body)
         writer = self._read_stream_writer
         if (
-            (message is None and not _id_refused(body))
+            (message is None and not ids.refused(body))
             or writer is None
             or self._event_store is not None
             or self.is_json_response_enabled
@@ -85,10 +87,7 @@ class DeferredSSETransport(StreamableHTTPServerTransport):
         refusal: tuple[str, HTTPStatus] | None = None
         if message is None:
             # The SDK takes it for a notification (202, and nothing runs or answers).
-            refusal = (
-                "Invalid Request: a request's id must be a string or an integer",
-                HTTPStatus.BAD_REQUEST,
-            )
+            refusal = (ids.REFUSAL, HTTPStatus.BAD_REQUEST)
         elif str(message.id) in self._request_streams:
             # Answers are routed by id: the later request would get the earlier's answer,
             # and the earlier none (the SDK's own path lets this happen).
@@ -182,15 +181,6 @@ def _request_in(body: object) -> JSONRPCRequest | None:
     if isinstance(message, JSONRPCRequest) and message.method != "initialize":
         return message
     return None
-
-
-def _id_refused(body: object) -> bool:
-    """Whether body is a request but for its id: an object, array, float, boolean or null
-    (JSON-RPC and MCP allow a string or an integer)."""
-    if not (isinstance(body, dict) and "method" in body and "id" in body):
-        return False
-    given = body["id"]
-    return isinstance(given, bool) or not isinstance(given, str | int)
 
 
 class _Prepended:

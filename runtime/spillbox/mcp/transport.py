@@ -6,8 +6,9 @@ server's pipes.
     async with upstream_stdio(command, env) as (read, write):   # the upstream side
         async with ClientSession(read, write) as session: ...
 
-The client side is the SDK's stdio server, where a line that is not a JSON-RPC message
-gets a JSON-RPC error (id null), as JSON-RPC asks, instead of being dropped in silence.
+The client side is the SDK's stdio server, where a line that is not a JSON-RPC message,
+or a request with an id JSON-RPC does not allow (spillbox.mcp.ids), gets a JSON-RPC error
+(id null), as JSON-RPC asks, instead of being dropped in silence.
 The SDK's server reads and writes the process's stdin and stdout through worker threads,
 three thread hops per request and answer; where they are pipes, sockets or terminals (as
 every MCP client gives them), it is given them here as the event loop's own pipes instead,
@@ -47,6 +48,8 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from spillbox.mcp import ids
+
 Streams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
 LINE_LIMIT = 2**31
@@ -77,7 +80,9 @@ async def stdio() -> AsyncIterator[Streams]:
 async def _event_loop_stdio() -> AsyncIterator[tuple[Any, Any]]:
     """stdin and stdout as the event loop's pipes, in the shape the SDK's stdio_server
     reads and writes (AsyncFile's lines, write and flush); (None, None), the SDK's own
-    threads, where either is a regular file, which an event loop cannot watch."""
+    threads, where either is a regular file, which an event loop cannot watch (a
+    request's refused id is then dropped, as the SDK drops it: no client waits at a
+    file for its answer)."""
     if not all(_pollable(fd) for fd in (0, 1)):
         yield None, None
         return
@@ -99,7 +104,7 @@ async def _event_loop_stdio() -> AsyncIterator[tuple[Any, Any]]:
         )
         writer = asyncio.StreamWriter(write_transport, flow, None, loop)
         try:
-            yield _Lines(reader), _Writes(writer)
+            yield _Lines(reader, writer), _Writes(writer)
         finally:
             read_transport.close()
             write_transport.close()
@@ -116,16 +121,20 @@ def _pollable(fd: int) -> bool:
 
 
 class _Lines:
-    """A pipe's lines as text, as the SDK iterates an AsyncFile."""
+    """A pipe's lines as text, as the SDK iterates an AsyncFile; a request whose id the
+    SDK would take for a notification's (spillbox.mcp.ids) is answered here, on the
+    writer, and not passed on."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
+        self.writer = writer
 
     def __aiter__(self) -> _Lines:
         return self
 
     async def __anext__(self) -> str:
-        line = await self.reader.readline()
+        while ids.refused_line(line := await self.reader.readline()):
+            self.writer.write(_json_line(ids.refusal()))
         if not line:
             raise StopAsyncIteration
         return line.decode("utf-8", errors="replace")
@@ -288,11 +297,15 @@ async def _write_lines(
     assert process.stdin is not None
     async with source:
         async for item in source:
-            data = item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
             try:
-                await process.stdin.send(data.encode())
+                await process.stdin.send(_json_line(item.message))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 return
+
+
+def _json_line(message: types.JSONRPCMessage) -> bytes:
+    """One message as a line of the wire, serialized as the SDK serializes it."""
+    return (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
 
 
 async def _stop(process: anyio.abc.Process) -> None:
