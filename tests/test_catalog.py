@@ -116,6 +116,37 @@ def test_a_long_lived_process_migrates_in_a_child_and_never_imports_alembic(
     assert done.stdout.split() == ["True", "True", "[]"]
 
 
+_SESSION = """
+import sys; from pathlib import Path
+from spillbox import Harness, ToolResult
+with Harness(sandbox="none", home=Path(sys.argv[1]), environ={}, long_lived=True) as harness:
+    with harness.task("t") as task:
+        call_id = task.next_call_id("git_log")
+        [admitted] = task.admit([ToolResult(call_id, "git_log", "commit\\n" * 20_000)])
+        assert admitted.offloaded and task.artifacts()
+    harness.gc()
+    harness.remove("t")
+print(sorted({m.split(".")[0] for m in sys.modules} & {"sqlalchemy", "alembic"}))
+"""
+
+
+def test_a_server_in_a_new_home_runs_a_session_without_sqlalchemy(home: Path) -> None:
+    """The child that migrates a new SQLite catalog for a server (spillbox mcp proxy) also
+    compiles the statements a session runs, beside the catalog: the server's task, call
+    ids, offload, listing, collection and removal then never import SQLAlchemy, which
+    would stay in its memory for good (about 12 MB of a fresh home's proxy at idle)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SESSION, str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["[]"]
+    cached = json.loads((home / (CATALOG_FILE + SQL_CACHE_SUFFIX)).read_text())
+    assert "insert_artifact" in " ".join(cached["statements"])
+
+
 def test_a_child_that_cannot_migrate_leaves_it_to_this_process(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

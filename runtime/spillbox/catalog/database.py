@@ -184,8 +184,16 @@ class SqlCache:
 
     def get(self, key: str) -> Prepared | None:
         found = self._prepared.get(key)
-        if found is None and key in self._saved:
-            found = self._prepared[key] = Prepared(*self._saved[key])
+        if found is None:
+            entry = self._saved.get(key)
+            if entry is None and self.path is not None:
+                # Written since this process read it: by the child that migrated a new
+                # catalog (it compiles a session's statements too, see migrate), or by
+                # another process. Read again only for a statement not known yet.
+                self._saved = {**_read_cache(self.path), **self._saved}
+                entry = self._saved.get(key)
+            if entry is not None:
+                found = self._prepared[key] = Prepared(*entry)
         return found
 
     def put(self, key: str, prepared: Prepared) -> None:
@@ -228,6 +236,16 @@ def _well_formed(key: object, entry: object) -> bool:
         case [str(), dict(), list() | None]:
             return isinstance(key, str)
     return False
+
+
+def sql_cache_path(sqlite: Path) -> Path:
+    """The SqlCache file beside a SQLite catalog."""
+    return sqlite.with_name(sqlite.name + SQL_CACHE_SUFFIX)
+
+
+def merge_cache(path: Path, source: Path) -> None:
+    """Add the statements compiled in source (another catalog's cache file) to path's."""
+    _write_cache(path, {**_read_cache(path), **_read_cache(source)})
 
 
 def _write_cache(path: Path, statements: dict[str, list[Any]]) -> None:
@@ -284,8 +302,7 @@ class Database:
         self.sqlite = sqlite
         self.dialect = "sqlite" if sqlite is not None else "postgresql"
         self._engine = None if url is None else make_engine(url, busy_timeout)
-        path = None if sqlite is None else sqlite.with_name(sqlite.name + SQL_CACHE_SUFFIX)
-        self._cache = SqlCache(path)
+        self._cache = SqlCache(None if sqlite is None else sql_cache_path(sqlite))
         self._kept: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()
 
