@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -428,3 +430,59 @@ def test_tasks_are_listed_and_removed(harness: Harness) -> None:
     harness.remove("t1")
     assert harness.tasks() == ["../odd id"]
     assert item.artifact is not None and not item.artifact.host_path.exists()
+
+
+def test_a_large_result_given_as_bytes_is_stored_and_told_as_its_str(harness: Harness) -> None:
+    """A large ASCII result given as bytes is read as LargeText (never decoded whole): the
+    same artifact, decision and notice as the same result given as str."""
+    payload = pr_json(3 * 1024 * 1024)
+    admitted = {}
+    for kind, content in (("str", payload), ("bytes", payload.encode())):
+        with harness.task(kind) as task:
+            [admitted[kind]] = task.admit([ToolResult("c1", "list_prs", content)])
+            assert task.read("c1") == payload.encode()
+    as_str, as_bytes = admitted["str"], admitted["bytes"]
+    assert as_bytes.offloaded and as_bytes.reason == as_str.reason == "per_call"
+    assert (as_bytes.tokens, as_bytes.tokens_exact) == (as_str.tokens, as_str.tokens_exact)
+    assert as_bytes.text.replace("bytes", "str") == as_str.text.replace("bytes", "str")
+
+
+_HOLD = """
+import json, sys, tempfile
+from pathlib import Path
+from spillbox import Harness, ToolResult
+
+def status(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+
+piece = json.dumps([{"id": i, "title": "a title", "body": "x" * 200} for i in range(100)])
+data = ("[" + ",".join([piece[1:-1]] * (int(sys.argv[1]) // len(piece))) + "]").encode()
+with tempfile.TemporaryDirectory() as home, Harness(
+    sandbox="none", home=Path(home), environ={}, gc_interval=-1
+) as harness:
+    with harness.task("warm") as task:  # the offload path's first use, not measured
+        task.admit([ToolResult("w", "x", json.dumps([{"a": "b" * 100}] * 20000))])
+    with harness.task("t") as task:
+        before = status("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
+        [admitted] = task.admit([ToolResult("c1", "list", data)])
+        peak = status("VmHWM")
+print(json.dumps({"growth": (peak - before) / len(data), "offloaded": admitted.offloaded}))
+"""
+
+
+def test_a_large_result_given_as_bytes_is_never_held_twice() -> None:
+    """The gate stores a large ASCII result given as bytes without a decoded copy beside
+    it: its peak RSS grows by a small part of the payload (a str result takes one copy,
+    its encoding)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLD, str(48 * 1024 * 1024)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    answer = json.loads(done.stdout)
+    assert answer["offloaded"] and answer["growth"] < 0.25, answer

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from functools import cache
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from spillbox.profile import (
     PROFILE_BUDGET_BYTES,
     SCAN_BUDGET_BYTES,
     SCAN_BUDGET_VALUES,
+    TEXT_WINDOW_CHARS,
     _decoded_array,
     _scanned_object,
     _streamed_shape,
@@ -27,7 +29,7 @@ from spillbox.profile import (
     path_text,
     profile,
 )
-from spillbox.types import EXTENSIONS, ArrayFacts, Shape
+from spillbox.types import EXTENSIONS, ArrayFacts, LargeText, Shape
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00"
 
@@ -647,3 +649,56 @@ def test_lines_of_arrays_past_the_budget_are_ndjson() -> None:
     assert len(text) > PROFILE_BUDGET_BYTES
     shape = shape_of(text.encode())
     assert shape.kind == "ndjson"
+
+
+@cache
+def _large_text_cases() -> dict[str, bytes]:
+    """ASCII payloads of every kind, some longer than a window of the windowed reads."""
+    window = TEXT_WINDOW_CHARS
+    records = [{"id": i, "name": f"n{i}", "tags": ["a", "b"]} for i in range(40)]
+    ndjson_lines = [json.dumps(r) for r in records * 800]  # about 1.6 MB, lines across windows
+    cases = {
+        name: at_least(builder, window + 1000)[0].encode()
+        for name, (builder, _, _) in SHAPES.items()
+    }
+    cases |= {
+        "array": json.dumps(records).encode(),
+        "array, pretty, big": json.dumps(records * 700, indent=2).encode(),
+        "array then more": (json.dumps(records) + "\n" + json.dumps(records)).encode(),
+        "array then space past a window": (json.dumps(records) + " " * (window + 7)).encode(),
+        "array then a word past a window": (json.dumps(records) + " " * window + "x").encode(),
+        "object": json.dumps({"total": 3, "items": records}).encode(),
+        "space past a window, then an array": (" " * (window + 3) + json.dumps(records)).encode(),
+        "ndjson, LF": "\n".join(ndjson_lines).encode(),
+        "ndjson, CRLF and blank lines": "\r\n\r\n".join(ndjson_lines).encode() + b"\r\n",
+        "ndjson, VT, FF and separators": "\v\f\x1c".join(ndjson_lines[:50]).encode(),
+        "csv": ("id,name\n" + "".join(f"{i},n{i}\n" for i in range(100_000))).encode(),
+        "text": ("a log line\n\n  \t\n" * 90_000).encode(),
+        "scalar string": json.dumps("x" * (window + 10)).encode(),
+        "scalar number": b"  -12.5e3",
+        "literal": b"\n false",
+        "not json": b"[1, 2,, 3]" * 10,
+        "empty": b"",
+        "space only": b" \n" * (window // 2 + 5),
+    }
+    return cases
+
+
+@pytest.mark.parametrize("name", list(_large_text_cases()))
+def test_a_large_text_is_profiled_as_the_str_it_is(name: str) -> None:
+    """A large ASCII payload given as bytes is read as LargeText, a window at a time, never
+    decoded whole: its shape is the one its str gives."""
+    data = _large_text_cases()[name]
+    assert data.isascii()
+    assert profile(data, LargeText(data)) == profile(data, data.decode())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from(["[", "]", "{", "}", '"a":', "1", ",", "\n", "\r", "\v", " ", '"', "x"])
+    ).map("".join)
+)
+def test_any_ascii_text_is_profiled_alike_as_large_text(text: str) -> None:
+    data = text.encode()
+    assert profile(data, LargeText(data)) == profile(data, text)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from spillbox.config import Policy
 from spillbox.digest import Digest
 from spillbox.tokens import TokenCounter, count_within, total
-from spillbox.types import Artifact, Reason, TokenCount, ToolResult
+from spillbox.types import Artifact, Reason, Text, TokenCount, ToolResult
 
 WITHHELD = (
     "[spillbox] result withheld: this step's results are over the {limit}-token limit "
@@ -72,7 +72,7 @@ class Offload:
 
     result: ToolResult
     data: bytes
-    text: str | None
+    text: Text | None
     reason: Reason
     tokens: TokenCount | None
     per_call: PerCallLimit
@@ -136,7 +136,7 @@ def admit(
 
 
 def _per_call(
-    counter: TokenCounter, text: str | None, per_call: PerCallLimit
+    counter: TokenCounter, text: Text | None, per_call: PerCallLimit
 ) -> tuple[Reason | None, TokenCount | None]:
     """Rules 1 and 2 for one result: (None, its exact count) if it may stay inline, else
     the reason it is offloaded and its tokens (None for binary)."""
@@ -167,7 +167,7 @@ class _Step:
     """One step's results as the rules go: what is decided, and what is inline so far."""
 
     results: Sequence[ToolResult]
-    payloads: list[tuple[bytes, str | None]]
+    payloads: list[tuple[bytes, Text | None]]
     digests: list[Digest]
     per_call: PerCallLimit
     decided: dict[int, Decision] = field(default_factory=dict)
@@ -203,5 +203,5 @@ class _Step:
             text = self.payloads[i][1]
             assert text is not None
             counted = TokenCount(tokens, exact=True)
-            self.decided[i] = Decision(self.results[i], text, tokens, counted, None, None)
+            self.decided[i] = Decision(self.results[i], str(text), tokens, counted, None, None)
         return [self.decided[i] for i in range(len(self.results))]

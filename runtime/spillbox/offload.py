@@ -33,7 +33,7 @@ from spillbox.redaction import Redaction, redact_payload
 from spillbox.retention import Retention, expires_at, quota_evictions
 from spillbox.sandbox.storage import Staged, StoredFile, TaskStorage, safe_name
 from spillbox.tokens import TokenCounter, total
-from spillbox.types import Artifact, ArtifactRow, Origin, Shape, TokenCount
+from spillbox.types import Artifact, ArtifactRow, Origin, Shape, TokenCount, text_of
 
 _EXTENSION = re.compile(r"[A-Za-z0-9]{1,10}")
 """An output file's own extension, kept where it is this plain."""
@@ -129,7 +129,7 @@ def _redacted(
     # the redacted payload: the notice shows no secret.
     redaction = redact_payload(request.data)
     if redaction.count:
-        text = None if request.text is None else redaction.data.decode("utf-8")
+        text = None if request.text is None else text_of(redaction.data)
         tokens = None if text is None else total(dest.counter, text)
         request = replace(request, data=redaction.data, text=text, tokens=tokens)
     return request, redaction
@@ -147,7 +147,7 @@ def _grow(
             "size and sha256: nothing was appended; delete it to start it again"
         )
     data = old + request.data
-    text = None if request.text is None else data.decode("utf-8")
+    text = None if request.text is None else text_of(data)
     tokens = request.tokens
     if tokens is not None and row.tokens is not None:
         # Every append ends a line: the encoders' pre-tokenisers split there, so the

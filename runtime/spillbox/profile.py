@@ -23,7 +23,7 @@ import ijson
 import puremagic
 import simdjson
 
-from spillbox.types import ArrayFacts, Shape
+from spillbox.types import ArrayFacts, Shape, Text
 
 PROFILE_BUDGET_BYTES = 256 * 1024
 """How much of a payload the profiler parses; beyond it, counts are extrapolated."""
@@ -63,6 +63,10 @@ _LONG_STRING = 1024
 costs a few rfind calls whatever its length."""
 
 _SNIFF_LINES = 20
+TEXT_WINDOW_CHARS = 1 << 20
+"""How much of a text is read at a time where all of it must be looked at."""
+_LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+"""What str.splitlines ends a line at."""
 LONG_STRING_CHARS = 256
 """A run of base64 (or hex) characters this long makes a JSON payload's shape say
 long_strings: its hints show long strings cut, so that they answer in a few lines."""
@@ -78,26 +82,43 @@ _AS_RUNS = bytes(0x61 if i in _BASE64 else 0x20 for i in range(256))
 backtracks over every shorter run, quadratically)."""
 
 
-def profile(data: bytes, text: str | None) -> Shape:
-    """Describe a payload; text is its UTF-8 decoding, or None if it is not valid UTF-8."""
+def profile(data: bytes, text: Text | None) -> Shape:
+    """Describe a payload; text is its UTF-8 decoding (spillbox.types.text_of), or None if
+    it is not valid UTF-8. Text is read in windows: a LargeText is never decoded whole."""
     if text is None:
         return Shape(kind="binary", mime=_sniff_mime(data))
-    stripped = text.lstrip()
-    if stripped[:1] in ("[", "{"):
+    opening = _first_chars(text)
+    if opening[:1] in ("[", "{"):
         shape = _json_shape(data, text) or _ndjson_shape(data, text)
         if shape is not None:
             return replace(shape, long_strings=_has_binary_string(data))
     elif (
-        stripped[:1] in ('"', "-")
-        or stripped[:1].isdigit()
-        or stripped.startswith(("true", "false", "null"))
+        opening[:1] in ('"', "-")
+        or opening[:1].isdigit()
+        or opening.startswith(("true", "false", "null"))
     ):
         try:
-            json.loads(text)
+            json.loads(text if isinstance(text, str) else text.data)
             return Shape(kind="json_scalar")
         except ValueError:
             pass
     return _csv_shape(data, text) or Shape(kind="text", count=_line_count(data))
+
+
+def _windows(text: Text, start: int = 0) -> Iterator[str]:
+    """text from start on, TEXT_WINDOW_CHARS at a time."""
+    for at in range(start, len(text), TEXT_WINDOW_CHARS):
+        yield text[at : at + TEXT_WINDOW_CHARS]
+
+
+def _first_chars(text: Text) -> str:
+    """The first few characters after the text's leading whitespace (as str.lstrip has it)."""
+    for at in range(0, len(text), TEXT_WINDOW_CHARS):
+        rest = text[at : at + TEXT_WINDOW_CHARS].lstrip()
+        if rest:
+            end = at + TEXT_WINDOW_CHARS
+            return (rest[:5] + text[end : end + 5])[:5]
+    return ""
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -163,7 +184,7 @@ _KIND_NAMES = {
 }
 
 
-def _json_shape(data: bytes, text: str) -> Shape | None:
+def _json_shape(data: bytes, text: Text) -> Shape | None:
     """The shape of a JSON array or object; None if the payload is not one JSON value.
 
     A payload within the budget is parsed whole by the C parser (a tenth of the streaming
@@ -193,7 +214,7 @@ def _json_shape(data: bytes, text: str) -> Shape | None:
     return _streamed_shape(data)
 
 
-def _decoded_array(text: str) -> Shape | None:
+def _decoded_array(text: Text) -> Shape | None:
     """A JSON array longer than the budget, from the elements in its first
     PROFILE_BUDGET_BYTES characters, each decoded by the C parser (256 KB of API records
     in 1.4-1.7 ms where the streaming parser took 2.5-3.2), and never more of it than
@@ -237,7 +258,7 @@ def _decoded_array(text: str) -> Shape | None:
             at = _past_space(head, at + 1)
     if not (elements or finished):
         return None  # no whole element in the head
-    if finished and _past_space(text, at) != len(text):
+    if finished and not all(_JSON_SPACE.fullmatch(rest) for rest in _windows(text, at)):
         return None  # more after the array
     return _array_shape(elements, finished, parsed_upto, len(text), kinds, keys)
 
@@ -967,7 +988,7 @@ def _element_name(kinds: set[str]) -> str | None:
     return "mixed values"
 
 
-def _ndjson_shape(data: bytes, text: str) -> Shape | None:
+def _ndjson_shape(data: bytes, text: Text) -> Shape | None:
     """Newline-delimited JSON: every one of the first lines is one JSON value on its own."""
     lines = [
         line for line in text[:PROFILE_BUDGET_BYTES].splitlines()[:_SNIFF_LINES] if line.strip()
@@ -984,11 +1005,23 @@ def _ndjson_shape(data: bytes, text: str) -> Shape | None:
             keys.update(dict.fromkeys(str(k) for k in value))
     if len(lines) < 2:
         return None
-    count = sum(1 for line in text.splitlines() if line.strip())
-    return Shape(kind="ndjson", count=count, keys=tuple(keys))
+    return Shape(kind="ndjson", count=_nonblank_lines(text), keys=tuple(keys))
 
 
-def _csv_shape(data: bytes, text: str) -> Shape | None:
+def _nonblank_lines(text: Text) -> int:
+    """How many lines (as str.splitlines has them) hold more than whitespace, read a window
+    at a time: a line that a window's end cuts goes on in the next one."""
+    count, going = 0, False
+    """going: the line under way has a character that is not whitespace."""
+    for window in _windows(text):
+        for line in window.splitlines(keepends=True):
+            going = going or not line.isspace()
+            if line[-1] in _LINE_BREAKS:
+                count, going = count + going, False
+    return count + going
+
+
+def _csv_shape(data: bytes, text: Text) -> Shape | None:
     """CSV or TSV: the first lines split into the same number (two or more) of fields."""
     head = text[:PROFILE_BUDGET_BYTES].splitlines()[:_SNIFF_LINES]
     if len(head) < 2:

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from spillbox.errors import ConfigError
-from spillbox.types import TokenCount
+from spillbox.types import Text, TokenCount
 
 if TYPE_CHECKING:
     import tiktoken
@@ -134,7 +134,7 @@ class TiktokenCounter:
         return len(self._load()[0].encode_ordinary(text))
 
 
-def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, int | None]:
+def count_within(counter: TokenCounter, text: Text, limit: int) -> tuple[bool, int | None]:
     """(whether text is at most limit tokens, its exact count if the whole was counted).
 
     Costs time bounded by limit, not by len(text): prefixes of growing size are counted
@@ -152,7 +152,7 @@ def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, in
     size = len(text) if len(text) <= EXACT_TOTAL_CHARS else first
     while True:
         if size >= len(text):
-            tokens = counter.count(text)
+            tokens = counter.count(text[:])
             return tokens <= limit, tokens
         if size >= cap:  # more than cap characters: over the limit, no need to count
             return False, None
@@ -161,7 +161,7 @@ def count_within(counter: TokenCounter, text: str, limit: int) -> tuple[bool, in
         size = min(size * 2, cap)
 
 
-def _prefix(text: str, size: int) -> str:
+def _prefix(text: Text, size: int) -> str:
     """text[:size], cut back to just before a space that follows a non-space, if one is
     among its last _PREFIX_CUT_SEARCH_CHARS characters.
 
@@ -171,20 +171,21 @@ def _prefix(text: str, size: int) -> str:
     "internationalization" 2), and a text at the limit would be called over it.
     """
     floor = max(size - _PREFIX_CUT_SEARCH_CHARS, 0)
-    cut = text.rfind(" ", floor, size)
-    while cut > floor and text[cut - 1].isspace():
-        cut = text.rfind(" ", floor, cut)
-    return text[:cut] if cut > floor else text[:size]
+    searched = text[floor:size]
+    cut = searched.rfind(" ")
+    while cut > 0 and searched[cut - 1].isspace():
+        cut = searched.rfind(" ", 0, cut)
+    return text[: floor + cut] if cut > 0 else text[:size]
 
 
-def total(counter: TokenCounter, text: str) -> TokenCount:
+def total(counter: TokenCounter, text: Text) -> TokenCount:
     """The token total of text: exact when short, else estimated from sampled windows.
 
     Exact counting of 16 windows of 2 KB spread over the text lands within about 1.3%
     of the true total (measured, see DESIGN.md) in milliseconds at any size.
     """
     if len(text) <= EXACT_TOTAL_CHARS:
-        return TokenCount(counter.count(text), exact=True)
+        return TokenCount(counter.count(text[:]), exact=True)
     step = (len(text) - SAMPLE_WINDOW_CHARS) / (SAMPLE_WINDOWS - 1)
     sampled_chars = sampled_tokens = 0
     for i in range(SAMPLE_WINDOWS):

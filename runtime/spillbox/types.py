@@ -42,6 +42,50 @@ EXTENSIONS: dict[ShapeKind, str] = {
 
 SIZE_CHUNK = 1 << 20
 """Characters encoded at a time to count a text's UTF-8 bytes (ToolResult.size)."""
+LARGE_TEXT_BYTES = 1 << 20
+"""From this size a payload given as ASCII bytes is read as LargeText, never decoded whole."""
+
+
+class LargeText:
+    """The text of a large payload given as bytes, read a slice at a time: the gate needs
+    only its length and windows of it (the count's prefixes and samples, the profile's
+    head, the notice's ends), and the payload is then held once, not as bytes and str.
+    ASCII only, so that a character's index is its byte's.
+
+    >>> text = LargeText(b"[1, 2, 3]")
+    >>> len(text), text[:2], text[-2:], text[1]
+    (9, '[1', '3]', '1')
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: int | slice) -> str:
+        if isinstance(key, int):
+            return chr(self.data[key])
+        return self.data[key].decode("ascii")
+
+    def __str__(self) -> str:
+        return self.data.decode("ascii")
+
+
+Text = str | LargeText
+"""A payload's text: a str, or the bytes of a large ASCII one (LargeText)."""
+
+
+def text_of(data: bytes) -> Text | None:
+    """data as text: valid UTF-8 without NUL (None otherwise); LargeText from
+    LARGE_TEXT_BYTES when it is ASCII, else decoded."""
+    if len(data) >= LARGE_TEXT_BYTES and data.isascii():
+        return None if b"\0" in data else LargeText(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\0" in text else text
 
 
 @dataclass(frozen=True)
@@ -87,26 +131,22 @@ class ToolResult:
             for at in range(0, len(content), SIZE_CHUNK)
         )
 
-    def payload(self) -> tuple[bytes, str | None]:
+    def payload(self) -> tuple[bytes, Text | None]:
         """The bytes to store, and the text they are (None if they are not text).
 
         Text is valid UTF-8 without NUL: no JSON, CSV or log holds a raw NUL, while
         binary formats (tar, NUL-padded headers) can be valid UTF-8 by chance, and a NUL
         in context is refused by some model APIs. A str is stored as its UTF-8 encoding;
         one with lone surrogates (not encodable) keeps them via surrogatepass and is then
-        handled as the non-UTF-8 bytes it is.
+        handled as the non-UTF-8 bytes it is. Bytes are read as text_of reads them.
         """
         if isinstance(self.content, bytes):
-            try:
-                data, text = self.content, self.content.decode("utf-8")
-            except UnicodeDecodeError:
-                return self.content, None
-        else:
-            try:
-                data, text = self.content.encode("utf-8"), self.content
-            except UnicodeEncodeError:
-                return self.content.encode("utf-8", "surrogatepass"), None
-        return data, None if "\0" in text else text
+            return self.content, text_of(self.content)
+        try:
+            data = self.content.encode("utf-8")
+        except UnicodeEncodeError:
+            return self.content.encode("utf-8", "surrogatepass"), None
+        return data, None if "\0" in self.content else self.content
 
 
 @dataclass(frozen=True)
