@@ -13,7 +13,7 @@ from spillbox.config import Policy
 from spillbox.errors import ConfigError
 from spillbox.gate import WITHHELD, Decision, Offload, PerCallLimit, admit
 from spillbox.tokens import TokenCounter, default_counter
-from spillbox.types import TokenCount, ToolResult
+from spillbox.types import LARGE_TEXT_BYTES, LargeText, TokenCount, ToolResult
 
 
 class FakeStore:
@@ -248,6 +248,20 @@ def test_payload_of_str_and_bytes() -> None:
     assert ToolResult("c", "t", "héllo".encode()).payload() == ("héllo".encode(), "héllo")
     assert ToolResult("c", "t", b"\xff").payload() == (b"\xff", None)
     assert ToolResult("c", "t", "nul\x00").payload() == (b"nul\x00", None)
+
+
+def test_large_bytes_are_read_as_large_text_when_ascii() -> None:
+    """From LARGE_TEXT_BYTES, ASCII bytes are text read a window at a time (LargeText);
+    other UTF-8 is decoded as before, and a NUL still makes them binary."""
+    ascii_text = b"[1, 2]" + b" " * LARGE_TEXT_BYTES
+    data, text = ToolResult("c", "t", ascii_text).payload()
+    assert data is ascii_text and isinstance(text, LargeText)
+    assert (len(text), text[:6], text[-1], str(text)) == (len(data), "[1, 2]", " ", data.decode())
+    accented = "é".encode() * LARGE_TEXT_BYTES
+    assert ToolResult("c", "t", accented).payload() == (accented, accented.decode())
+    assert ToolResult("c", "t", ascii_text + b"\x00").payload()[1] is None
+    small = b"[1, 2]"
+    assert ToolResult("c", "t", small).payload() == (small, "[1, 2]")
 
 
 contents = st.one_of(

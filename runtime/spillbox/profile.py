@@ -1011,8 +1011,7 @@ def _ndjson_shape(data: bytes, text: Text) -> Shape | None:
 def _nonblank_lines(text: Text) -> int:
     """How many lines (as str.splitlines has them) hold more than whitespace, read a window
     at a time: a line that a window's end cuts goes on in the next one."""
-    count, going = 0, False
-    """going: the line under way has a character that is not whitespace."""
+    count, going = 0, False  # going: the line under way has more than whitespace
     for window in _windows(text):
         for line in window.splitlines(keepends=True):
             going = going or not line.isspace()
