@@ -676,6 +676,8 @@ def _large_text_cases() -> dict[str, bytes]:
         "text": ("a log line\n\n  \t\n" * 90_000).encode(),
         "scalar string": json.dumps("x" * (window + 10)).encode(),
         "scalar number": b"  -12.5e3",
+        "scalar numbers": b"-Infinity 1e400 0123 12. -0 \v5 nulls NaN".replace(b" ", b"|"),
+        "a log from a digit": b"2024-12-05 10:00:00 started\n" * 50_000,
         "literal": b"\n false",
         "not json": b"[1, 2,, 3]" * 10,
         "empty": b"",
@@ -691,12 +693,17 @@ def test_a_large_text_is_profiled_as_the_str_it_is(name: str) -> None:
     data = _large_text_cases()[name]
     assert data.isascii()
     assert profile(data, LargeText(data)) == profile(data, data.decode())
+    for scalar in data.split(b"|") if name == "scalar numbers" else ():
+        assert profile(scalar, LargeText(scalar)) == profile(scalar, scalar.decode()), scalar
 
 
 @settings(max_examples=200, deadline=None)
 @given(
     text=st.lists(
-        st.sampled_from(["[", "]", "{", "}", '"a":', "1", ",", "\n", "\r", "\v", " ", '"', "x"])
+        st.sampled_from(
+            ["[", "]", "{", "}", '"a":', "1", "0", "-", "e", ".", "true", "null", "Infinity"]
+            + [",", "\n", "\r", "\v", " ", '"', "x"]
+        )
     ).map("".join)
 )
 def test_any_ascii_text_is_profiled_alike_as_large_text(text: str) -> None:

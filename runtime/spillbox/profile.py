@@ -65,6 +65,11 @@ costs a few rfind calls whatever its length."""
 _SNIFF_LINES = 20
 TEXT_WINDOW_CHARS = 1 << 20
 """How much of a text is read at a time where all of it must be looked at."""
+_SCALAR = re.compile(
+    rb"[ \t\n\r]*(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|-Infinity|true|false|null)"
+    rb"[ \t\n\r]*"
+)
+"""A JSON number or literal alone, as json.loads reads one (-Infinity too)."""
 _LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 """What str.splitlines ends a line at."""
 LONG_STRING_CHARS = 256
@@ -97,12 +102,22 @@ def profile(data: bytes, text: Text | None) -> Shape:
         or opening[:1].isdigit()
         or opening.startswith(("true", "false", "null"))
     ):
+        if _is_scalar(text, opening):
+            return Shape(kind="json_scalar")
+    return _csv_shape(data, text) or Shape(kind="text", count=_line_count(data))
+
+
+def _is_scalar(text: Text, opening: str) -> bool:
+    """Whether text is one JSON value that is no array or object, as json.loads has it.
+    A LargeText's number or literal is matched on its bytes, which are not decoded (a log
+    starting with a digit is no number by its second line); a string is parsed whole."""
+    if isinstance(text, str) or opening.startswith('"'):
         try:
             json.loads(text if isinstance(text, str) else text.data)
-            return Shape(kind="json_scalar")
         except ValueError:
-            pass
-    return _csv_shape(data, text) or Shape(kind="text", count=_line_count(data))
+            return False
+        return True
+    return _SCALAR.fullmatch(text.data) is not None
 
 
 def _windows(text: Text, start: int = 0) -> Iterator[str]:

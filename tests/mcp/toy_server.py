@@ -156,6 +156,9 @@ def main() -> None:
     parser.add_argument(
         "--resource-text", help="serve one resource (as text and as a blob) and one prompt of it"
     )
+    parser.add_argument(
+        "--resource-size", type=int, help="the same, of blob(SIZE) (a long text: no argument)"
+    )
     options = parser.parse_args()
     tools = [
         tool.model_copy(update={"output_schema": options.output_schema})
@@ -224,7 +227,7 @@ def main() -> None:
                 pinged.write("ping\n")
         return types.EmptyResult()
 
-    text = options.resource_text
+    text = options.resource_text if options.resource_size is None else blob(options.resource_size)
 
     async def list_resources(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None

@@ -14,7 +14,8 @@ subprocess, or a URL over streamable HTTP), step (overlapping calls as one step)
 (a CallToolResult through the gate), conform (structuredContent an outputSchema accepts),
 links (stored payloads as resources: resource_link, resources/read), local (spillbox's
 tools as MCP tools), transport (stdio: the client's, answering malformed lines, and the
-upstream's, read in linear time), http (clients over streamable HTTP, a proxy per session),
+upstream's, read in linear time), spool (the upstream's long strings kept as bytes),
+http (clients over streamable HTTP, a proxy per session),
 ids (a request whose id the SDK would take for a notification's, refused).
 """
 

@@ -41,7 +41,8 @@ from spillbox.mcp.links import resource_link
 from spillbox.mcp.local import LocalTools, as_call_result, gate_view
 from spillbox.mcp.relays import Client
 from spillbox.mcp.resources import Resources
-from spillbox.mcp.results import ResultT, gated, redacted_passed, tool_result
+from spillbox.mcp.results import ResultT, gated, redacted_passed, replaced, tool_result
+from spillbox.mcp.spool import Spool
 from spillbox.mcp.transport import stdio
 from spillbox.mcp.upstream import (
     DEFAULT_UPSTREAM_TIMEOUT_SECONDS,
@@ -202,9 +203,11 @@ class Proxy:
         original = types.CallToolResult(content=[])
         from_server = False
         """Whether original is the server's own (parsed from the wire), not spillbox's."""
+        spooled: bytes | None = None
+        """original's one text block, where the upstream's reader spooled it: its UTF-8."""
 
         async def run() -> ToolResult:
-            nonlocal original, from_server
+            nonlocal original, from_server, spooled
             # Numbered by the catalog (another proxy, or `mcp serve`, on this task never
             # gives a result the same name) from a block this task reserved; where a new
             # block is needed, in a thread while the call runs: the catalog's write is not
@@ -229,9 +232,21 @@ class Proxy:
             if output is not None:
                 original = as_call_result(output)
                 return gate_view(numbered[0], name, output)
+            if self.upstream is not None and from_server:
+                spool = self.upstream.spool
+                spooled = spool.payload(original)
+                original = spool.settle(original)  # anything else spooled in it: as str
+            if spooled is not None:  # the gate reads it as the bytes it is (LargeText)
+                return ToolResult(numbered[0], name, spooled, is_error=original.is_error)
             return tool_result(numbered[0], name, original)
 
         admitted = await self.steps.run(run)
+        if spooled is not None and not replaced(admitted):
+            [block] = original.content  # the text stays in context: as str again
+            text = spooled.decode("utf-8")
+            original = original.model_copy(
+                update={"content": [block.model_copy(update={"text": text})]}
+            )
         tool = self.upstream_tools.get(name) if name not in self.local.names else None
         link = resource_link(self.task.id, admitted.artifact) if admitted.artifact else None
         shown = gated(original, admitted, tool.output_schema if tool is not None else None, link)
@@ -253,7 +268,10 @@ class Proxy:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}")
         try:
             request = types.CallToolRequest(params=params)
-            result = await self.upstream.request(request, types.CallToolResult, relay_progress(ctx))
+            with Spool.spooling():  # a long text comes as a placeholder: _call_tool takes it
+                result = await self.upstream.request(
+                    request, types.CallToolResult, relay_progress(ctx)
+                )
             return result, True
         except MCPError as e:
             if e.code == UPSTREAM_TIMEOUT:

@@ -213,6 +213,12 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def replaced(admitted: Admitted) -> bool:
+    """Whether the client gets admitted's text (a notice, a refusal) in place of what the
+    gate counted, not the result itself."""
+    return admitted.offloaded or admitted.reason in ("withheld", "refused")
+
+
 def gated(
     result: types.CallToolResult,
     admitted: Admitted,
@@ -223,7 +229,7 @@ def gated(
     place (followed by link, to the stored payload, if given); or, where redaction replaced
     a secret in what the gate counted (counted(result)), the result rebuilt from the
     redacted text."""
-    if admitted.offloaded or admitted.reason in ("withheld", "refused"):
+    if replaced(admitted):
         return _replaced(result, admitted.text, output_schema, link)
     if admitted.text == counted(result):
         return result

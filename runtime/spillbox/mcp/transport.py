@@ -49,6 +49,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from spillbox.mcp import ids
+from spillbox.mcp.spool import SPOOL_LINE_BYTES, Spool, shrink
 
 Streams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
@@ -57,7 +58,8 @@ LINE_LIMIT = 2**31
 STDERR_LINE_CHARS = 500
 """How much of one stderr line of the upstream an error message quotes."""
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-"""A JSON escape of a UTF-16 surrogate (\\ud83d\\ude00 for an emoji, or a lone one)."""
+"""A JSON escape of a UTF-16 surrogate (\\ud83d\\ude00 for an emoji, or a lone one), or
+text that looks like one after an escaped backslash (see _surrogate_escaped)."""
 EXIT_GRACE_SECONDS = 2.0
 """How long an upstream may take to exit once its stdin is closed, and again after
 SIGTERM, before the next step (the SDK's own timeouts)."""
@@ -185,10 +187,12 @@ async def upstream_stdio(
     env: Mapping[str, str],
     started: Callable[[anyio.abc.Process], None] = lambda process: None,
     stderr_tail: MutableSequence[str] | None = None,
+    spool: Spool | None = None,
 ) -> AsyncIterator[Streams]:
     """Start command with env and speak MCP over its stdin and stdout; stop it on exit.
     started gets the process (for its exit status); its stderr goes on to this process's,
-    each line also appended to stderr_tail (a bounded deque: why it exited)."""
+    each line also appended to stderr_tail (a bounded deque: why it exited); spool: where
+    a long answer's long strings go (see _message)."""
     process = await anyio.open_process(
         list(command), env=dict(env), stderr=subprocess.PIPE, start_new_session=True
     )
@@ -196,7 +200,7 @@ async def upstream_stdio(
     read_send, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as group:
-        group.start_soon(_read_lines, process, read_send)
+        group.start_soon(_read_lines, process, read_send, spool)
         group.start_soon(_write_lines, process, write_receive)
         group.start_soon(_copy_stderr, process, [] if stderr_tail is None else stderr_tail)
         try:
@@ -208,13 +212,15 @@ async def upstream_stdio(
 
 
 async def _read_lines(
-    process: anyio.abc.Process, sink: MemoryObjectSendStream[SessionMessage | Exception]
+    process: anyio.abc.Process,
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    spool: Spool | None,
 ) -> None:
     assert process.stdout is not None
     async with sink:
         async for line in _StreamLines(process.stdout):
             try:
-                message = _message(line)
+                message = _message(line, spool)
             except ValueError as e:
                 await sink.send(e)  # the session reports it; the connection goes on
                 continue
@@ -224,10 +230,10 @@ async def _read_lines(
                 return
 
 
-def _message(line: bytearray) -> types.JSONRPCMessage:
+def _message(line: bytearray, spool: Spool | None = None) -> types.JSONRPCMessage:
     """The JSON-RPC message one line of the upstream holds; line is emptied (its buffer
     freed) once decoded, so that a large result is held at most twice at any moment:
-    the line and its text, then the text and the parsed message.
+    the line and its text, then the text and the parsed message (once, with a spool).
 
     The stdlib's parser writes a string straight into the str it returns, and the
     message is then validated from those objects (pydantic keeps each str as it is).
@@ -235,17 +241,43 @@ def _message(line: bytearray) -> types.JSONRPCMessage:
     whole document as its own tree besides, and unescapes each string in a buffer of its
     own: a 100 MB result took 6x its size (benchmarks/mcp_bench.py). A line with a
     surrogate escape is parsed by pydantic, as the SDK does: the stdlib takes a lone one
-    (\\ud800), which no UTF-8 writer can pass on to the client."""
-    if _SURROGATE_ESCAPE.search(line):
+    (\\ud800), which no UTF-8 writer can pass on to the client.
+
+    spool: a long line's long strings are moved there first (spillbox.mcp.spool), so that
+    the result is held once; a message that is not a response gets them back at once."""
+    if _surrogate_escaped(line):
         try:
             return types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         finally:
             line.clear()
+    if len(line) < SPOOL_LINE_BYTES:
+        spool = None
     try:
+        if spool is not None:
+            try:
+                shrink(line, spool)
+            except OSError:  # no temporary file to be had: the line is parsed as it is
+                spool = None
         text = line.decode("utf-8")
     finally:
         line.clear()
-    return types.jsonrpc_message_adapter.validate_python(json.loads(text), by_name=False)
+    message = types.jsonrpc_message_adapter.validate_python(json.loads(text), by_name=False)
+    if spool is not None and not isinstance(message, types.JSONRPCResponse):
+        return spool.settle(message)
+    return message
+
+
+def _surrogate_escaped(line: bytearray) -> bool:
+    """Whether line holds a JSON escape of a surrogate: one found by _SURROGATE_ESCAPE
+    after an even run of backslashes (after an odd one it is the text "\\ud83d" that a
+    JSON string holds, as a tool's JSON output escapes an emoji)."""
+    for match in _SURROGATE_ESCAPE.finditer(line):
+        before = match.start()
+        while before > 0 and line[before - 1] == ord("\\"):
+            before -= 1
+        if (match.start() - before) % 2 == 0:
+            return True
+    return False
 
 
 class _StreamLines:

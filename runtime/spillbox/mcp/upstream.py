@@ -43,6 +43,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
 from spillbox.mcp.relays import OR_INPUT_REQUIRED, Client, relays, until_complete
+from spillbox.mcp.spool import Spool, SpoolingSession
 from spillbox.mcp.transport import upstream_stdio
 
 ResultT = TypeVar("ResultT", bound=BaseModel)
@@ -112,6 +113,8 @@ class Upstream:
         self.finished = anyio.Event()
         """Set when run has returned: the server has exited (failure says if it never served)."""
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.spool = Spool()
+        """A stdio server's long answers' long strings (spillbox.mcp.spool)."""
         self._offer: tuple[types.ClientCapabilities, types.Implementation | None] | None = None
         self._offered = anyio.Event()
         self._settled = anyio.Event()
@@ -243,7 +246,9 @@ class Upstream:
             # is what spillbox is there for.
             streamable_http_client(self.url, max_sse_event_size=None)
             if self.url is not None
-            else upstream_stdio(self.command, os.environ, self._started, self.stderr_tail)
+            else upstream_stdio(
+                self.command, os.environ, self._started, self.stderr_tail, self.spool
+            )
         )
         async with streams as (read, write), anyio.create_task_group() as group:
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -253,6 +258,7 @@ class Upstream:
             capabilities, client_info = self._offer
             async with _Relaying(
                 capabilities,
+                self.spool,
                 receive,
                 write,
                 message_handler=self._message,
@@ -325,16 +331,20 @@ def one_line(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-class _Relaying(ClientSession):
+class _Relaying(SpoolingSession):
     """A ClientSession that offers the upstream exactly the capabilities the proxy's client
     declared (sampling's and elicitation's modes, roots' list_changed, experimental and
     extensions), but tasks, which the proxy does not relay. The SDK's own builds them from
     which callbacks are set: elicitation always as form and url, roots always with
-    list_changed, nothing experimental."""
+    list_changed, nothing experimental. Its answers' spooled strings come back as str but
+    where the caller spools (spillbox.mcp.spool)."""
 
-    def __init__(self, declared: types.ClientCapabilities, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, declared: types.ClientCapabilities, spool: Spool, *args: Any, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.declared = declared.model_copy(update={"tasks": None})
+        self.spool = spool
 
     def _build_capabilities(self, version: str) -> types.ClientCapabilities:
         return self.declared
