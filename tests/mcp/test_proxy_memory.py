@@ -241,3 +241,22 @@ def test_a_long_line_is_parsed_as_it_is_where_no_temporary_file_can_be_made(
     response = _message(bytearray(json.dumps(answer).encode()), spool)
     assert isinstance(response, types.JSONRPCResponse) and response.result == {"t": text}
     assert len(spool) == 0
+
+
+def test_a_line_of_many_short_strings_is_walked_only_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Records as structuredContent are a million short strings: the reader stops looking
+    for long ones after _STRINGS_MAX of them, so that such a line costs no more to read
+    than it did; a long text before them is still spooled."""
+    monkeypatch.setattr(spool_module, "SPOOL_MIN_BYTES", 100)
+    monkeypatch.setattr(spool_module, "_STRINGS_MAX", 50)
+    rows = [{"id": i, "name": f"n{i}"} for i in range(100)]
+    text, late = "t" * 200, "l" * 200
+    answer = {"content": [{"type": "text", "text": text}], "rows": rows, "late": late}
+    line = bytearray(json.dumps({"jsonrpc": "2.0", "id": 1, "result": answer}).encode())
+    spool = Spool()
+    shrink(line, spool)
+    shrunk = json.loads(line)["result"]
+    assert shrunk["content"][0]["text"] != text and len(spool) == 1
+    assert (shrunk["rows"], shrunk["late"]) == (rows, late)  # past the budget: as they were

@@ -38,9 +38,13 @@ SPOOL_LINE_BYTES = 4 << 20
 """A line shorter than this is parsed as it is."""
 SPOOL_MIN_BYTES = 1 << 20
 """A string of a response this long (unescaped) is spooled."""
-_CHUNK_MIN = 4096
+_CHUNK_MIN = 256
 _CHUNK_MAX = 1 << 20
-"""A string is unescaped a chunk at a time, from 4 KB (most are keys) up to 1 MB."""
+"""A string with escapes is unescaped a chunk at a time, from 256 bytes up to 1 MB."""
+_STRINGS_MAX = 10_000
+"""Strings looked at in one line at most: a tool result's text comes first (content, then
+structuredContent); a line of a million short strings (records as structuredContent) is
+left to the parser after these, at a few ms."""
 _ESCAPE_MAX = 6
 """The longest JSON escape (\\uXXXX)."""
 _BACKSLASH = 0x5C
@@ -127,9 +131,14 @@ def shrink(line: bytearray, spool: Spool) -> None:
     fails once line has changed; OSError, line as it was, if none can be made."""
     kept: list[tuple[str, int]] = []
     with tempfile.TemporaryFile() as file:
-        at = 0
-        while (quote := line.find(b'"', at)) >= 0:
+        at = walked = 0
+        while walked < _STRINGS_MAX and (quote := line.find(b'"', at)) >= 0:
+            walked += 1
             start = quote + 1
+            close = line.find(b'"', start)
+            if 0 <= close < start + SPOOL_MIN_BYTES and line.find(b"\\", start, close) < 0:
+                at = close + 1  # short, and no escape in it: as it is
+                continue
             end, close = _unescaped(line, start)
             if end is None:
                 at = close + 1
@@ -161,7 +170,8 @@ def _unescaped(line: bytearray, start: int) -> tuple[int | None, int]:
         if cut is None:
             size *= 2  # a run of backslashes longer than the chunk
             continue
-        piece = line[read:cut].decode("utf-8")
+        with memoryview(line) as view:
+            piece = str(view[read:cut], "utf-8")
         value, stop = _scanstring(piece + '"', 0, True)
         closed = stop <= len(piece)
         data = value.encode("utf-8")
