@@ -169,10 +169,14 @@ class _AnyJson(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+_SPOOLED_CHARS = 'ab "\\\n\t/u\x01\u2028é中😀'
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    text=st.text(alphabet='ab "\\\n\t/u\x01\u2028é中😀', max_size=900),
-    other=st.text(alphabet='a"\\é', max_size=400),
+    # Short (as they are), about the threshold, and long: every cut a chunk can meet.
+    text=st.text(_SPOOLED_CHARS, max_size=40) | st.text(_SPOOLED_CHARS, min_size=150, max_size=900),
+    other=st.text('a"\\é', max_size=40) | st.text('a"\\é', min_size=150, max_size=400),
     ascii_only=st.booleans(),
 )
 def test_long_strings_are_spooled_exactly(text: str, other: str, ascii_only: bool) -> None:
@@ -189,6 +193,7 @@ def test_long_strings_are_spooled_exactly(text: str, other: str, ascii_only: boo
 def _spooled_exactly(text: str, other: str, ascii_only: bool) -> None:
     sent = {"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": text}]}}
     sent["result"]['k\\"ey'] = other  # a key with escapes, beside the long text
+    sent["result"][other + "?"] = [1]  # a key as long as any string
     # \\ud83d-style escapes of an emoji take the SDK's parser (_message): not spooled.
     raw = json.dumps(sent, ensure_ascii=ascii_only and text.isascii()).encode()
 
@@ -197,7 +202,7 @@ def _spooled_exactly(text: str, other: str, ascii_only: bool) -> None:
     shrunk = json.loads(line)
     long = len(text.encode()) >= 300
     assert (shrunk["result"]["content"][0]["text"] != text) == long
-    assert len(spool) == long + (len(other.encode()) >= 300)
+    assert len(spool) == sum(len(s.encode()) >= 300 for s in (text, other, other + "?"))
     assert spool.settle(_AnyJson.model_validate(shrunk)).model_dump() == sent
     assert len(spool) == 0
 
@@ -260,3 +265,21 @@ def test_a_line_of_many_short_strings_is_walked_only_so_far(
     shrunk = json.loads(line)["result"]
     assert shrunk["content"][0]["text"] != text and len(spool) == 1
     assert (shrunk["rows"], shrunk["late"]) == (rows, late)  # past the budget: as they were
+
+
+def test_a_spooled_string_no_one_takes_is_dropped_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer that came after its request gave up is never taken: its bytes go once
+    ABANDONED_SECONDS have passed, at the next keep."""
+    now = [1000.0]
+    monkeypatch.setattr(spool_module.time, "monotonic", lambda: now[0])
+    spool, mark = Spool(), "spillbox-spooled:"
+    spool.keep(mark + "a", b"abandoned")
+    now[0] += spool_module.ABANDONED_SECONDS / 2
+    spool.keep(mark + "b", b"taken")
+    now[0] += spool_module.ABANDONED_SECONDS / 2 + 1
+    spool.keep(mark + "c", b"new")
+    assert len(spool) == 2
+    assert spool.settle({"x": [mark + "a", mark + "b"], "y": mark + "c"}) == {
+        "x": [mark + "a", "taken"],
+        "y": "new",
+    }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -45,6 +46,8 @@ _STRINGS_MAX = 10_000
 """Strings looked at in one line at most: a tool result's text comes first (content, then
 structuredContent); a line of a million short strings (records as structuredContent) is
 left to the parser after these, at a few ms."""
+ABANDONED_SECONDS = 600.0
+"""A spooled string no one took this long after its answer came is dropped."""
 _ESCAPE_MAX = 6
 """The longest JSON escape (\\uXXXX)."""
 _BACKSLASH = 0x5C
@@ -56,20 +59,29 @@ _scanstring = json.decoder.scanstring  # type: ignore[attr-defined]  # not in ty
 quote to its closing one, escapes unescaped."""
 _SPOOLING: ContextVar[bool] = ContextVar("spillbox_spooling", default=False)
 
-M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class Spool:
     """The spooled strings of one upstream connection, by placeholder, until taken."""
 
     def __init__(self) -> None:
-        self._kept: dict[str, bytes] = {}
+        self._kept: dict[str, tuple[float, bytes]] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def keep(self, placeholder: str, data: bytes) -> None:
-        self._kept[placeholder] = data
+        """Keep data under placeholder; drop what was kept ABANDONED_SECONDS ago (an answer
+        that came after its request gave up: nothing will take it)."""
+        now = time.monotonic()
+        for old in [p for p, (at, _) in self._kept.items() if now - at > ABANDONED_SECONDS]:
+            del self._kept[old]
+        self._kept[placeholder] = (now, data)
+
+    def _take(self, placeholder: str) -> bytes | None:
+        kept = self._kept.pop(placeholder, None) if placeholder.startswith(_MARK) else None
+        return None if kept is None else kept[1]
 
     @staticmethod
     @contextmanager
@@ -91,21 +103,25 @@ class Spool:
             or result.meta
         ):
             return None
-        return self._kept.pop(block.text, None)
+        return self._take(block.text)
 
-    def settle(self, value: M) -> M:
-        """value with each placeholder in it back as the str it stands for."""
+    def settle(self, value: T) -> T:
+        """value (a model, or JSON's dicts and lists) with each placeholder in it back as
+        the str it stands for."""
         if not self._kept:
             return value
-        dumped = value.model_dump(by_alias=True, exclude_unset=True)
-        return type(value).model_validate(self._settled(dumped), by_name=False)
+        if isinstance(value, BaseModel):
+            dumped = value.model_dump(by_alias=True, exclude_unset=True)
+            settled: T = type(value).model_validate(self._settled(dumped), by_name=False)
+            return settled
+        return self._settled(value)  # type: ignore[no-any-return]
 
     def _settled(self, value: Any) -> Any:
         if isinstance(value, str):
-            data = self._kept.pop(value, None) if value.startswith(_MARK) else None
+            data = self._take(value)
             return value if data is None else data.decode("utf-8")
-        if isinstance(value, dict):
-            return {key: self._settled(item) for key, item in value.items()}
+        if isinstance(value, dict):  # a key too: JSON's keys are strings as long as any
+            return {self._settled(key): self._settled(item) for key, item in value.items()}
         if isinstance(value, list):
             return [self._settled(item) for item in value]
         return value
@@ -119,9 +135,7 @@ class SpoolingSession(ClientSession):
 
     async def send_request(self, *args: Any, **kwargs: Any) -> Any:
         result = await super().send_request(*args, **kwargs)
-        if _SPOOLING.get() or not isinstance(result, BaseModel):
-            return result
-        return self.spool.settle(result)
+        return result if _SPOOLING.get() else self.spool.settle(result)
 
 
 def shrink(line: bytearray, spool: Spool) -> None:
