@@ -256,7 +256,7 @@ def test_large_bytes_are_read_as_large_text_when_ascii() -> None:
     ascii_text = b"[1, 2]" + b" " * LARGE_TEXT_BYTES
     data, text = ToolResult("c", "t", ascii_text).payload()
     assert data is ascii_text and isinstance(text, LargeText)
-    assert (len(text), text[:6], text[-1], str(text)) == (len(data), "[1, 2]", " ", data.decode())
+    assert (len(text), text[:6], text[-1:], str(text)) == (len(data), "[1, 2]", " ", data.decode())
     accented = "é".encode() * LARGE_TEXT_BYTES
     assert ToolResult("c", "t", accented).payload() == (accented, accented.decode())
     assert ToolResult("c", "t", ascii_text + b"\x00").payload()[1] is None
