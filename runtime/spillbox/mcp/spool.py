@@ -218,7 +218,12 @@ def _cut(line: bytearray, start: int, size: int) -> int | None:
         cut -= 1
     escape = line.rfind(b"\\", max(start, cut - _ESCAPE_MAX + 1), cut)
     if escape >= 0:  # back to the start of its run of backslashes: an escape starts there
-        cut = escape
-        while cut > start and line[cut - 1] == _BACKSLASH:
-            cut -= 1
+        cut = backslashes_from(line, escape, start)
     return cut if cut > start else None
+
+
+def backslashes_from(line: bytearray, at: int, floor: int = 0) -> int:
+    """Where the run of backslashes just before at (not before floor) starts; at if none."""
+    while at > floor and line[at - 1] == _BACKSLASH:
+        at -= 1
+    return at

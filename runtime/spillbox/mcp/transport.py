@@ -49,7 +49,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from spillbox.mcp import ids
-from spillbox.mcp.spool import SPOOL_LINE_BYTES, Spool, shrink
+from spillbox.mcp.spool import SPOOL_LINE_BYTES, Spool, backslashes_from, shrink
 
 Streams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
@@ -271,13 +271,10 @@ def _surrogate_escaped(line: bytearray) -> bool:
     """Whether line holds a JSON escape of a surrogate: one found by _SURROGATE_ESCAPE
     after an even run of backslashes (after an odd one it is the text "\\ud83d" that a
     JSON string holds, as a tool's JSON output escapes an emoji)."""
-    for match in _SURROGATE_ESCAPE.finditer(line):
-        before = match.start()
-        while before > 0 and line[before - 1] == ord("\\"):
-            before -= 1
-        if (match.start() - before) % 2 == 0:
-            return True
-    return False
+    return any(
+        (match.start() - backslashes_from(line, match.start())) % 2 == 0
+        for match in _SURROGATE_ESCAPE.finditer(line)
+    )
 
 
 class _StreamLines:
